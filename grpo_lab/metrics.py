@@ -1,0 +1,101 @@
+"""Metrics: one JSON object per step in `metrics.jsonl`, and plot functions that read them.
+
+Names follow TRL's GRPOTrainer so that a learner can read either library's logs:
+
+    reward                  mean reward of the step's completions
+    reward_std              std of those rewards
+    frac_reward_zero_std    fraction of groups whose G rewards are all equal (no signal)
+    completions/mean_length mean completion length in tokens
+    completions/clipped_ratio fraction of completions cut at max_new_tokens (no EOS)
+    loss                    the GRPO objective (0 at the start of each batch is normal: A sums to 0)
+    ratio                   mean pi_theta / pi_old over tokens; 1 at the first update of a batch
+    kl                      mean k3 KL to the reference (only with beta > 0)
+    clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean
+                            fraction of tokens whose ratio was clipped below / above / either
+    grad_norm               gradient norm before clipping
+    eval/accuracy           greedy held-out accuracy (on evaluation steps)
+    perf/step_s, perf/generate_s, perf/fwd_bwd_s
+                            wall time of the step, its generation part, its forward+backward part
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+class MetricsLogger:
+    """Appends one JSON line per record; keeps the records in memory too."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path else None
+        self.records: list[dict] = []
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        if self.path:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Records of a metrics.jsonl file (a run folder's is `<run>/metrics.jsonl`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(records: Iterable[dict], key: str, x: str = "step") -> tuple[list, list]:
+    """(xs, ys) of the records that carry `key`."""
+    points = [(r[x], r[key]) for r in records if key in r and x in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def moving_average(values: Sequence[float], window: int = 10) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_training(records: list[dict], title: str = "GRPO", keys=("reward", "eval/accuracy")):
+    """One panel per key against the step; rewards get a moving average. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        xs, ys = series(records, key)
+        marker = "o-" if len(xs) < 30 else "-"
+        ax.plot(xs, ys, marker, alpha=0.35 if len(xs) >= 30 else 1.0, label=key)
+        if len(xs) >= 30:
+            ax.plot(xs, moving_average(ys), label=f"{key} (moving avg)")
+        ax.set_xlabel("step")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_runs(runs: dict[str, list[dict]], key: str = "reward", x: str = "step", window: int = 10):
+    """Several runs on one axis (e.g. full fine-tuning vs LoRA). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, records in runs.items():
+        xs, ys = series(records, key, x)
+        ax.plot(xs, moving_average(ys, window) if len(ys) >= window else ys, label=name)
+    ax.set_xlabel(x)
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig

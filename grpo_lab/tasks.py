@@ -1,0 +1,137 @@
+"""Synthetic tasks with verifiable answers, each with a difficulty knob and a fixed held-out set.
+
+A task turns a random generator into `Problem(prompt, answer)` pairs. The evaluation set is drawn
+once from a fixed seed and never appears in training prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+class Task:
+    """Base class: subclasses define `_draw` and `max_answer_chars`."""
+
+    name = "task"
+
+    def __init__(self, eval_size: int = 512, eval_seed: int = 1234):
+        if eval_size < 1:
+            raise ValueError(f"eval_size must be >= 1, got {eval_size}")
+        self.eval_size = eval_size
+        rng = random.Random(eval_seed)
+        held_out: dict[str, Problem] = {}
+        for _ in range(eval_size * 50):  # bounded: small problem spaces may hold fewer
+            problem = self._draw(rng)
+            held_out.setdefault(problem.prompt, problem)
+            if len(held_out) == eval_size:
+                break
+        self._eval = list(held_out.values())
+        self._held_out_prompts = set(held_out)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        raise NotImplementedError
+
+    @property
+    def max_answer_chars(self) -> int:
+        raise NotImplementedError
+
+    def eval_set(self) -> list[Problem]:
+        """The fixed held-out problems (same list on every call)."""
+        return list(self._eval)
+
+    def sample(self, rng: random.Random) -> Problem:
+        """A training problem, never one from the held-out set."""
+        for _ in range(10_000):
+            problem = self._draw(rng)
+            if problem.prompt not in self._held_out_prompts:
+                return problem
+        raise RuntimeError(f"{self.name}: the held-out set covers the whole problem space")
+
+    def sample_batch(self, rng: random.Random, n: int) -> list[Problem]:
+        return [self.sample(rng) for _ in range(n)]
+
+
+class AdditionTask(Task):
+    """`"07+45="` -> `"052"`: zero-padded n-digit addition (padding makes it learnable)."""
+
+    name = "addition"
+
+    def __init__(self, digits: int = 2, eval_size: int = 512, eval_seed: int = 1234):
+        if not 1 <= digits <= 9:
+            raise ValueError(f"addition digits must be in 1..9, got {digits}")
+        self.digits = digits
+        super().__init__(eval_size, eval_seed)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
+        n = self.digits
+        return Problem(f"{a:0{n}d}+{b:0{n}d}=", f"{a + b:0{n + 1}d}")
+
+    @property
+    def max_answer_chars(self) -> int:
+        return self.digits + 1
+
+
+class SortTask(Task):
+    """`"5,3,8>"` -> `"3,5,8"`: sort `length` digits (longer lists are harder)."""
+
+    name = "sort"
+
+    def __init__(self, length: int = 4, eval_size: int = 512, eval_seed: int = 1234):
+        if not 2 <= length <= 12:
+            raise ValueError(f"sort length must be in 2..12, got {length}")
+        self.length = length
+        super().__init__(eval_size, eval_seed)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        digits = [rng.randrange(10) for _ in range(self.length)]
+        return Problem(",".join(map(str, digits)) + ">", ",".join(map(str, sorted(digits))))
+
+    @property
+    def max_answer_chars(self) -> int:
+        return 2 * self.length - 1
+
+
+TASKS = {"addition": AdditionTask, "sort": SortTask}
+
+
+def make_task(name: str, difficulty: int | None = None, eval_size: int = 512) -> Task:
+    """Build a task by name; `difficulty` is digits for addition, list length for sort."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
+    if difficulty is None:
+        return TASKS[name](eval_size=eval_size)
+    return TASKS[name](difficulty, eval_size=eval_size)
+
+
+def load_jsonl_problems(
+    path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer"
+) -> list[Problem]:
+    """Read prompts and reference answers from a local JSONL file (one object per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no JSONL file at {path}")
+    problems = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or prompt_key not in row or answer_key not in row:
+                raise ValueError(f"{path}:{line_no}: needs keys {prompt_key!r} and {answer_key!r}")
+            problems.append(Problem(str(row[prompt_key]), str(row[answer_key])))
+    if not problems:
+        raise ValueError(f"{path} holds no problems")
+    return problems
