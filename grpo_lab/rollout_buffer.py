@@ -182,7 +182,7 @@ class RolloutBuffer(Generic[T]):
 
     def _drop_stale(self, trainer_version: int) -> None:
         """Remove every item lagging `trainer_version` by more than `max_staleness` (lock held)."""
-        fresh = deque(s for s in self._slots if trainer_version - s.version < self.max_staleness)
+        fresh = deque(s for s in self._slots if trainer_version - s.version <= self.max_staleness)
         dropped = len(self._slots) - len(fresh)
         if dropped:
             self._slots = fresh

@@ -11,6 +11,9 @@ when the response ends, so every rule can be unit tested and replayed (`grpo_lab
 Logged metrics (`PrefixRouter.stats()`):
 - `routed`: requests sent to each replica, in the order of `replicas`.
 - `affinity`: requests sent to the replica with the longest prompt-specific cached prefix.
+- `cached_everywhere`: the part of `affinity` whose prompt every up replica already cached (it
+  spilled earlier), so the least-loaded one took it. The reference proxy calls these unmatched;
+  `unmatched_reference_pct` counts them that way, to compare with its logs.
 - `spilled`: requests that had such a replica but went to the least loaded one, because the
   preferred replica was more than `imbalance` in-flight requests ahead of it.
 - `unmatched`: requests whose prompt-specific blocks no replica had seen; least loaded wins.
@@ -70,6 +73,9 @@ class RouteDecision:
     """Leading blocks that were common (shared template, or cached everywhere)."""
     prompt_blocks: int
     """Full blocks in the prompt (a trailing partial block is ignored)."""
+    cached_everywhere: bool = False
+    """Every up replica cached the prompt past its shared template, so no replica had a
+    specific match and the least-loaded one got it as a cache hit (kind "affinity")."""
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -107,7 +113,8 @@ class PrefixRouter:
         self._routed = [0] * n
         self._kinds = {"affinity": 0, "spill": 0, "unmatched": 0}
         self._evicted = 0
-        self._rr = 0  # round-robin pointer for ties between equally loaded replicas
+        self._everywhere = 0  # affinity requests whose prompt every up replica cached
+        self._rr = 0  # where ties between equally loaded replicas start looking
 
     # ---- hashing -------------------------------------------------------------------------------
 
@@ -121,8 +128,8 @@ class PrefixRouter:
         n_blocks = len(token_ids) // bs  # the last partial block is never cached
         data = array("q", token_ids[: n_blocks * bs]).tobytes()  # 8 bytes per token id
         step = bs * 8
-        prev = hashlib.blake2b(_SEED_DOMAIN + adapter_name.encode(), digest_size=_DIGEST_SIZE)
-        prev_digest = prev.digest()
+        seed = _SEED_DOMAIN + adapter_name.encode()
+        prev_digest = hashlib.blake2b(seed, digest_size=_DIGEST_SIZE).digest()  # h0 = seed(adapter)
         hashes = []
         for i in range(n_blocks):
             # h_i names the whole prefix up to block i: it hashes h_{i-1} with block i's tokens
@@ -144,51 +151,60 @@ class PrefixRouter:
         hashes = self.block_hashes(token_ids, adapter_name)
         blocks = [self._table.get(h) for h in hashes]
 
-        # Stage 1: the common prefix. A block is common if every up replica served it, or if it
-        # has more than one successor (this prompt's next block counts): a shared template.
-        common = 0
+        # Stage 1: the common prefix. A block is common if it has more than one successor (this
+        # prompt's next block counts): a shared template; or if every up replica served it.
+        # Common blocks say nothing about placement. `branch` counts the template part only.
+        common = branch = 0
         for i, block in enumerate(blocks):
             if block is None:
                 break
             successors = set(block.successors)
             if i + 1 < len(hashes):
                 successors.add(hashes[i + 1])
-            if len(successors) > 1 or block.owners & up_mask == up_mask:
-                common += 1
-            else:
+            is_branch = len(successors) > 1
+            if not (is_branch or block.owners & up_mask == up_mask):
                 break
+            common += 1
+            if is_branch and branch == i:
+                branch += 1  # still in the leading run of branch points: the shared template
 
         # Stage 2: each replica's leading matched blocks, minus the common prefix = specific match
-        specific = {}
+        matched = {}
         for r in up:
-            matched = 0
+            m = 0
             for block in blocks:
                 if block is None or not block.owners >> r & 1:
                     break
-                matched += 1
-            specific[r] = max(0, matched - common)
+                m += 1
+            matched[r] = m
+        specific = {r: max(0, m - common) for r, m in matched.items()}
         best_match = max(specific.values())
 
         # Stage 3: affinity if the best replica is not too far ahead in load, else spill
-        least_load = min(self._inflight[r] for r in up)
+        everywhere = False
         if best_match > 0:
-            # among replicas tied on the best match prefer the least loaded, then the lowest index
-            best = min(
-                (r for r in up if specific[r] == best_match), key=lambda r: (self._inflight[r], r)
-            )
+            best = self._least_loaded([r for r in up if specific[r] == best_match])
+            least_load = min(self._inflight[r] for r in up)
             if self._inflight[best] - least_load <= self.config.imbalance:
                 pick, kind = best, "affinity"
             else:
                 pick, kind = self._least_loaded(up), "spill"
         else:
-            pick, kind = self._least_loaded(up), "unmatched"
+            # Nobody has a specific match: least loaded. If every up replica caches this prompt
+            # past its template (it spilled earlier), the pick is a cache hit all the same: count
+            # it as affinity, flagged, where the reference proxy counts it as unmatched.
+            pick = self._least_loaded(up)
+            everywhere = min(matched.values()) > branch
+            kind = "affinity" if everywhere else "unmatched"
 
         # Stage 4: bookkeeping. The pick now caches every block of the prompt.
         self._record(hashes, pick)
+        self._rr = (pick + 1) % len(self.replicas)  # round-robin pointer: after the last pick
         self._inflight[pick] += 1
         self._routed[pick] += 1
         self._kinds[kind] += 1
-        return RouteDecision(self.replicas[pick], kind, best_match, common, len(hashes))
+        self._everywhere += everywhere
+        return RouteDecision(self.replicas[pick], kind, best_match, common, len(hashes), everywhere)
 
     def route_batch(
         self, prompts: Sequence[Sequence[int]], adapter_name: str
@@ -237,6 +253,9 @@ class PrefixRouter:
             "affinity_pct": pct(self._kinds["affinity"]),
             "spill_pct": pct(self._kinds["spill"]),
             "unmatched_pct": pct(self._kinds["unmatched"]),
+            "cached_everywhere": self._everywhere,
+            # the reference proxy labels cached-everywhere requests unmatched
+            "unmatched_reference_pct": pct(self._kinds["unmatched"] + self._everywhere),
             "tracked_blocks": len(self._table),
             "evicted": self._evicted,
         }
@@ -261,16 +280,16 @@ class PrefixRouter:
         except ValueError:
             raise KeyError(f"unknown replica {replica!r}; known: {self.replicas}") from None
 
-    def _least_loaded(self, up: list[int]) -> int:
-        """Fewest requests in flight; ties go round robin so equal replicas take turns."""
-        least = min(self._inflight[r] for r in up)
+    def _least_loaded(self, candidates: list[int]) -> int:
+        """Fewest requests in flight among `candidates`; ties go round robin: to the first one
+        after the last replica picked, so equally loaded replicas take turns."""
+        least = min(self._inflight[r] for r in candidates)
         n = len(self.replicas)
         for k in range(n):
             r = (self._rr + k) % n
-            if self._up[r] and self._inflight[r] == least:
-                self._rr = (r + 1) % n
+            if r in candidates and self._inflight[r] == least:
                 return r
-        raise AssertionError("unreachable: some up replica has the least load")
+        raise AssertionError("unreachable: some candidate has the least load")
 
     def _record(self, hashes: list[int], pick: int) -> None:
         """Mark `pick` as an owner of every block and link each block to its successor (LRU)."""

@@ -16,9 +16,12 @@ The workload, stated (every draw comes from one seeded `random.Random`):
   independent of the replica's load: decoding a 1.5B model is bound by weight reads, so the
   time per token barely moves with the batch at these sizes. This is an assumption, not a fact.
 - The client keeps at most `max_inflight` requests in flight and issues the next one as soon as
-  one finishes. The trainer takes 128 finished rollouts per step and takes no time; every
-  `sync_every_steps` steps the adapter name becomes `policy-v{N+1}` for requests issued from
-  then on (requests already in flight keep their version). Pauses during syncs are not modelled.
+  one finishes. The trainer starts a step once 128 more rollouts have finished and it is free;
+  a step takes `train_step_s`. After every `sync_every_steps`-th step the sync takes `sync_s`,
+  then the adapter name becomes `policy-v{N+1}` for requests issued from then on (requests in
+  flight keep their version). The replicas' pause during a sync and the buffer's backpressure
+  are not modelled. Because the trainer takes time, a version change can fall inside a group:
+  its remaining rollouts start cold under the new name, a little above the 1/G floor.
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ class ReplayConfig:
     completion_median_s: float = 20.0
     """Median request time in simulated seconds (lognormal)."""
     completion_sigma: float = 0.8
-    """Sigma of log(request time): long-tailed, like completions of up to 3,000 tokens."""
+    """Sigma of log(request time): long-tailed, like completions of up to 3,000 tokens. The
+    mean (27.5 s) gives 128 rollouts per ~27 s at 128 in flight, near the blog's run 1 step."""
+    train_step_s: float = 4.8
+    """Trainer time per optimizer step (the blog's run 5 p50): generation stays the bottleneck."""
+    sync_s: float = 8.5
+    """Save + load time of one adapter sync (the blog's p50) before the new name is in use."""
     vocab_size: int = 151_936
     """Token ids are drawn uniformly below this (Qwen2.5's vocabulary)."""
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -106,12 +114,12 @@ def replay(
 
     G = cfg.group_size
     total = len(order) * G
-    rollouts_per_sync = cfg.prompts_per_step * G * cfg.sync_every_steps
+    rollouts_per_step = cfg.prompts_per_step * G
     by_rollout = {"affinity": [0] * G, "spill": [0] * G, "unmatched": [0] * G}
-    version = 0
-    issued = finished = 0
-    now = 0.0
+    version = steps = issued = finished = 0
+    now = trainer_free = 0.0
     running: list[tuple[float, int, str]] = []  # heap of (finish time, request id, replica)
+    syncs: list[float] = []  # times at which the next adapter name comes into use (ascending)
 
     def issue() -> None:
         # Stage 1: the next rollout in training order, under the current adapter name
@@ -126,13 +134,21 @@ def replay(
     while issued < min(total, cfg.max_inflight):
         issue()
     while running:
-        # Stage 2: the earliest request finishes; the trainer may step and sync the adapter
+        # Stage 2: the earliest request finishes; syncs that completed before it take effect
         now, _, replica = heapq.heappop(running)
         router.finish(replica)
         finished += 1
-        if finished % rollouts_per_sync == 0:
+        while syncs and syncs[0] <= now:
+            syncs.pop(0)
             version += 1
-        # Stage 3: the freed slot goes to the next rollout
+        # Stage 3: every 128 finished rollouts the trainer runs a step; some steps end in a sync
+        if finished % rollouts_per_step == 0:
+            trainer_free = max(now, trainer_free) + cfg.train_step_s
+            steps += 1
+            if steps % cfg.sync_every_steps == 0:
+                trainer_free += cfg.sync_s
+                syncs.append(trainer_free)
+        # Stage 4: the freed slot goes to the next rollout
         if issued < total:
             issue()
 
@@ -145,7 +161,8 @@ def replay(
         "prompts": len(order),
         "epochs": round(len(order) / cfg.num_problems, 2),
         "group_size": G,
-        "syncs": version,
+        "steps": steps,
+        "syncs": version,  # adapter versions that came into use while requests were issued
         "unmatched_floor_pct": round(floor, 2),
         "unmatched_above_floor_pct": round(stats["unmatched_pct"] - floor, 2),
         # which rollout of its group (0 = first) each kind of decision landed on
