@@ -1,0 +1,123 @@
+"""`grpo-lab`: the command line. Flags are generated from the config dataclass and its docstrings.
+
+    grpo-lab demo                    the main job: GRPO on the tiny model, summary, plots, metrics
+    grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
+    grpo-lab build-model             build (or find) the cached tiny model and print its folder
+    grpo-lab notebook 01             execute a course notebook with papermill
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import sys
+import types
+import typing
+
+from .config import GRPOConfig
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring written under each dataclass field (one copy of the help text)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _scalar_type(annotation):
+    """`int | None` -> int; `bool` -> a parser that accepts true/false."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(typing))  # annotations are strings under __future__
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return _parse_bool if annotation is bool else annotation
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: dict | None = None):
+    """One `--field-name` flag per dataclass field, with the field's docstring as help."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        default = (defaults or {}).get(f.name, f.default)
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}", dest=f.name, type=_scalar_type(f.type),
+            default=default, help=f"{docs.get(f.name, '')} (default: {default})",
+        )
+
+
+def config_from_args(args: argparse.Namespace, cls=GRPOConfig):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo-lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
+    demo.add_argument("--min-gain", type=float, default=None,
+                      help="exit with status 1 unless greedy accuracy rises by this much (e.g. 0.15)")
+    add_config_flags(demo, defaults={"log_every": 20, "output_dir": None})
+
+    train = sub.add_parser("train", help="a GRPO run; every GRPOConfig field is a flag")
+    add_config_flags(train)
+
+    build = sub.add_parser("build-model", help="build (or find) the cached tiny model")
+    build.add_argument("--task", default="addition")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--rebuild", action="store_true")
+
+    nb = sub.add_parser("notebook", help="execute a course notebook with papermill")
+    nb.add_argument("name", help="number or name, e.g. 01")
+    nb.add_argument("--output-dir", default=None, help="where the executed copy goes")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            from .demo import run_demo
+
+            summary = run_demo(config_from_args(args))
+            if args.min_gain is not None and summary["accuracy_gain"] < args.min_gain:
+                print(f"FAILED: gain {summary['accuracy_gain']:+.1%} < {args.min_gain:.0%}")
+                return 1
+        elif args.command == "train":
+            from .trainer import GRPOTrainer
+
+            trainer = GRPOTrainer(config_from_args(args))
+            trainer.train()
+            print("greedy accuracy by step:", trainer.accuracy_history)
+        elif args.command == "build-model":
+            from .tiny_model import TinyModelRecipe, tiny_model_path
+
+            print(tiny_model_path(TinyModelRecipe(task=args.task, seed=args.seed), rebuild=args.rebuild))
+        elif args.command == "notebook":
+            from .notebooks import run_notebook
+
+            print(run_notebook(args.name, args.output_dir))
+    except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
+        print(f"grpo-lab: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The command line and the main job (`grpo-lab demo`), run as a user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_lab.cli import build_parser, config_from_args, field_docs, main
+from grpo_lab.config import GRPOConfig
+
+
+def test_every_config_field_has_a_docstring_and_a_flag():
+    docs = field_docs(GRPOConfig)
+    fields = GRPOConfig.__dataclass_fields__
+    assert set(docs) == set(fields)
+    args = build_parser().parse_args(["train", "--steps", "7", "--use-lora", "false",
+                                      "--lora-alpha", "4"])
+    cfg = config_from_args(args)
+    assert cfg.steps == 7 and cfg.use_lora is False and cfg.lora_alpha == 4.0
+
+
+def test_bad_input_gives_a_clear_error_and_status_2(capsys):
+    assert main(["train", "--task", "chess"]) == 2
+    assert "unknown task 'chess'" in capsys.readouterr().err
+
+
+def test_demo_gains_at_least_15_points(tmp_path):
+    """The README's main job, as a subprocess, with the acceptance goal as its exit status."""
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_lab.cli", "demo", "--min-gain", "0.15",
+         "--output-dir", str(run_dir), "--progress", "false"],
+        capture_output=True, text=True, timeout=900, env={**os.environ},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["accuracy_gain"] >= 0.15
+    assert "goal of +15 points: met" in proc.stdout
+    for name in ("metrics.jsonl", "training.png", "adapter/adapter_model.safetensors"):
+        assert (run_dir / name).exists(), name

@@ -1,0 +1,30 @@
+"""Every course notebook, executed with papermill at its CPU defaults; then its recorded values."""
+
+import pytest
+
+from grpo_lab.notebooks import list_notebooks, run_notebook
+
+# What each notebook must have recorded: name -> check on the results dict.
+CHECKS = {
+    "00_setup_and_tiny_model": lambda r: 0.15 <= r["baseline_accuracy"] <= 0.6
+    and r["mixed_groups"] >= 4,
+    "01_grpo_from_scratch": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10
+    and r["advantages_match"] and r["loss_match"] and r["max_ratio_deviation"] < 1e-3,
+    "02_grpo_with_lora": lambda r: r["lora_accuracy_after"] >= r["lora_accuracy_before"] + 0.10
+    and r["adapter_bytes"] < 0.02 * r["model_bytes"]
+    and r["reloaded_accuracy"] == r["lora_accuracy_after"],
+}
+
+
+def test_every_notebook_has_a_check():
+    names = {p.stem for p in list_notebooks()}
+    assert names, "no notebooks found"
+    assert names <= set(CHECKS), f"notebooks without a results check: {names - set(CHECKS)}"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("notebook", list_notebooks(), ids=lambda p: p.stem)
+def test_notebook_runs_and_achieves_its_goal(notebook, tmp_path, tiny_model_dir):
+    results = run_notebook(notebook, tmp_path, cell_timeout_s=600)
+    assert results, "the notebook recorded no results"
+    assert CHECKS[notebook.stem](results), results

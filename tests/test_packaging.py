@@ -1,0 +1,60 @@
+"""The repository's promises: clean notebooks, agreeing dependency lists, a light import."""
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _normalise(req: str) -> str:
+    return re.sub(r"\s+", "", req).lower().replace("_", "-")
+
+
+def test_committed_notebooks_hold_no_outputs():
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        nb = json.loads(path.read_text())
+        tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(tagged) == 1, f"{path.name}: needs exactly one `parameters` cell"
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                assert not cell.get("outputs") and cell.get("execution_count") is None, path.name
+
+
+def test_environment_files_list_the_same_dependencies():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    expected = {_normalise(d) for d in deps}
+    for env_file in (ROOT / "environment.yml", ROOT / "binder" / "environment.yml"):
+        env = yaml.safe_load(env_file.read_text())
+        pip_lists = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+        assert pip_lists, f"{env_file} has no pip section"
+        listed = {_normalise(d) for d in pip_lists[0] if not d.startswith("-")}
+        assert listed == expected, f"{env_file.name} differs: {listed ^ expected}"
+        assert any(str(d).startswith("python=3.11") for d in env["dependencies"])
+
+
+def test_import_pulls_no_hub_download_and_no_gpu_package():
+    code = (
+        "import sys, grpo_lab, grpo_lab.trainer, grpo_lab.cli;"
+        "bad = [m for m in ('vllm', 'flash_attn', 'deepspeed') if m in sys.modules];"
+        "print(bad)"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make demo" in readme
+    assert re.search(r"^make test\b", ci, flags=re.M)

@@ -1,0 +1,91 @@
+"""Tasks (held-out sets, difficulty) and reward functions (TRL signature, never raise)."""
+
+import json
+import pickle
+import random
+
+import pytest
+
+from grpo_lab import rewards as R
+from grpo_lab.tasks import AdditionTask, SortTask, load_jsonl_problems, make_task
+
+
+def test_addition_is_zero_padded_and_correct():
+    task = AdditionTask(digits=2, eval_size=50)
+    for p in task.sample_batch(random.Random(0), 100):
+        a, b = p.prompt[:-1].split("+")
+        assert len(a) == len(b) == 2 and p.answer == f"{int(a) + int(b):03d}"
+
+
+def test_sort_task_and_difficulty():
+    task = SortTask(length=5, eval_size=20)
+    p = task.sample(random.Random(1))
+    digits = p.prompt[:-1].split(",")
+    assert len(digits) == 5 and p.answer == ",".join(sorted(digits))
+    assert make_task("addition", 3).max_answer_chars == 4
+
+
+def test_eval_set_is_fixed_and_never_sampled_for_training():
+    task = AdditionTask(digits=1, eval_size=30)  # 100 possible problems: collisions are likely
+    assert task.eval_set() == AdditionTask(digits=1, eval_size=30).eval_set()
+    held = {p.prompt for p in task.eval_set()}
+    assert len(held) == 30
+    assert not held & {p.prompt for p in task.sample_batch(random.Random(0), 500)}
+
+
+def test_unknown_task_and_bad_difficulty_fail_clearly():
+    with pytest.raises(ValueError, match="unknown task"):
+        make_task("chess")
+    with pytest.raises(ValueError, match="digits"):
+        AdditionTask(digits=0)
+
+
+def test_exact_match_reward_signature_and_formats():
+    assert R.exact_match_reward(["052", " 052 ", "52", ""], answer=["052"] * 4) == [1, 1, 0, 0]
+    conversational = [[{"role": "assistant", "content": "052"}]]
+    assert R.exact_match_reward(conversational, answer=["052"], prompts=["x"]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is #### 1,234", "1,234"),
+        (r"thus \boxed{\frac{7}{2}} done", r"\frac{7}{2}"),
+        (r"\boxed{x^{2}} and \boxed{12}", "12"),
+        ("we get 3 apples, then 5.5 pears", "5.5"),
+        ("no digits here", None),
+    ],
+)
+def test_extract_final_answer(text, expected):
+    assert R.extract_final_answer(text) == expected
+
+
+def test_math_answer_reward_compares_numerically():
+    completions = ["#### 1,234", r"\boxed{3.50}", r"\boxed{\frac{7}{2}}", "it is 41", "junk"]
+    answers = ["1234", "3.5", "3.5", "#### 42", "7"]
+    assert R.math_answer_reward(completions, answer=answers) == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("reward", [R.exact_match_reward, R.math_answer_reward])
+def test_rewards_never_raise_on_malformed_output(reward):
+    junk = [None, 42, [], [{"no": "content"}], "\\boxed{", "1/0", "#### ", "\x00" * 5]
+    assert reward(junk, answer=["1"] * len(junk)) == [0.0] * len(junk)
+
+
+def test_rewards_are_picklable():
+    for fn in R.REWARDS.values():
+        assert pickle.loads(pickle.dumps(fn)) is fn
+
+
+def test_load_jsonl_problems(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n\n")
+    assert load_jsonl_problems(path)[0].answer == "2"
+    path.write_text("{not json}\n")
+    with pytest.raises(ValueError, match=":1: not valid JSON"):
+        load_jsonl_problems(path)
+    path.write_text(json.dumps({"question": "x"}) + "\n")
+    with pytest.raises(ValueError, match="needs keys"):
+        load_jsonl_problems(path)
+    with pytest.raises(FileNotFoundError):
+        load_jsonl_problems(tmp_path / "missing.jsonl")

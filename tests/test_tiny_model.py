@@ -1,0 +1,77 @@
+"""The offline tiny model: tokenizer round trip, standard loading, recipe cache."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_lab.tasks import AdditionTask, SortTask
+from grpo_lab.tiny_model import TinyModelRecipe
+from grpo_lab.tokenizer import ALPHABET, build_char_tokenizer
+
+
+def test_tokenizer_round_trips_every_task_string():
+    tok = build_char_tokenizer()
+    import random
+
+    rng = random.Random(0)
+    texts = [ALPHABET]
+    for task in (AdditionTask(3, eval_size=5), SortTask(6, eval_size=5)):
+        texts += [p.prompt + p.answer for p in task.sample_batch(rng, 200)]
+    for text in texts:
+        ids = tok(text)["input_ids"]
+        assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1
+        assert tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tokenizer_specials_padding_and_chat_template():
+    tok = build_char_tokenizer()
+    assert len(tok) == 4 + len(ALPHABET)
+    batch = tok(["1+1=", "10+10="], padding=True)
+    assert batch["input_ids"][0][:2] == [tok.pad_token_id] * 2  # left padding
+    assert tok.apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False) == "<bos>1+1="
+
+
+def test_tiny_model_loads_offline_with_auto_classes(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert model.config.model_type == "llama"
+    assert 1_000_000 <= sum(p.numel() for p in model.parameters()) <= 2_000_000
+    assert tok.decode(tok("12+34=")["input_ids"], skip_special_tokens=True) == "12+34="
+    info = json.loads((tiny_model_dir / "grpo_lab_recipe.json").read_text())
+    assert info["warmup_val_accuracy"] >= 0.25  # partial skill: GRPO needs mixed groups
+
+
+def test_recipe_key_changes_with_any_field():
+    assert TinyModelRecipe().key() == TinyModelRecipe().key()
+    assert TinyModelRecipe(seed=1).key() != TinyModelRecipe().key()
+    assert TinyModelRecipe(task="sort").key().startswith("sort-")
+
+
+def test_cached_path_is_reused(tiny_model_dir):
+    from grpo_lab.tiny_model import tiny_model_path
+
+    before = (tiny_model_dir / "model.safetensors").stat().st_mtime
+    assert tiny_model_path(progress=False) == tiny_model_dir
+    assert (tiny_model_dir / "model.safetensors").stat().st_mtime == before
+
+
+def test_build_is_deterministic_from_the_seed(tmp_path):
+    """Two builds of a small recipe from the same seed give identical weights."""
+    from grpo_lab.tiny_model import build_tiny_model
+
+    recipe = TinyModelRecipe(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                             warmup_max_steps=3, warmup_batch_size=16)
+    for name in ("a", "b"):
+        build_tiny_model(recipe, tmp_path / name, progress=False)
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_build_refuses_an_unknown_task(tmp_path):
+    from grpo_lab.tiny_model import build_tiny_model
+
+    with pytest.raises(ValueError, match="unknown task"):
+        build_tiny_model(TinyModelRecipe(task="chess"), tmp_path)
