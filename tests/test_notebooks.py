@@ -13,6 +13,12 @@ CHECKS = {
     "02_grpo_with_lora": lambda r: r["lora_accuracy_after"] >= r["lora_accuracy_before"] + 0.10
     and r["adapter_bytes"] < 0.02 * r["model_bytes"]
     and r["reloaded_accuracy"] == r["lora_accuracy_after"],
+    "03_grpo_with_trl": lambda r: r["grpo_lab_accuracy_after"] >= r["accuracy_before"] + 0.10
+    and r["trl_accuracy_after"] >= r["trl_accuracy_before"] + 0.10
+    and r["trl_accuracy_before"] == r["accuracy_before"]
+    and r["config_mismatches"] == 0 and r["metrics_missing"] == 0
+    and r["trl_reward_last"] > r["trl_reward_first"]
+    and r["grpo_lab_reward_last"] > r["grpo_lab_reward_first"],
 }
 
 
