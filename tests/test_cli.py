@@ -4,9 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from grpo_lab.cli import build_parser, config_from_args, field_docs, main
 from grpo_lab.config import GRPOConfig

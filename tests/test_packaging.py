@@ -58,3 +58,10 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make demo" in readme
     assert re.search(r"^make test\b", ci, flags=re.M)
+
+
+def test_code_passes_ruff():
+    ruff = Path(sys.executable).parent / "ruff"
+    out = subprocess.run([str(ruff), "check", "grpo_lab", "tests", "benchmarks"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:]

@@ -72,3 +72,14 @@ def test_full_finetune_with_kl_and_several_iterations_moves_the_ratio():
 def test_format_step_has_fixed_keys():
     line = format_step({"step": 3, "reward": 0.5, "ratio": 1.0, "loss": 0.0}, 10)
     assert line.startswith("[step 3/10] reward=0.500") and "ratio=1.000" in line
+
+
+def test_any_local_model_path_works_in_place_of_tiny(tiny_model_dir, tmp_path):
+    """Nothing assumes the tiny model: a copy saved elsewhere trains the same way."""
+    from grpo_lab.tiny_model import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    model.save_pretrained(tmp_path / "other")
+    tokenizer.save_pretrained(tmp_path / "other")
+    trainer = GRPOTrainer(GRPOConfig(**{**SMALL, "steps": 1}, model=str(tmp_path / "other")))
+    assert trainer.train()[-1]["step"] == 1
