@@ -4,6 +4,12 @@
     grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
     grpo-lab build-model             build (or find) the cached tiny model and print its folder
     grpo-lab notebook 01             execute a course notebook with papermill
+    grpo-lab serve tiny --enable-lora --port 8000
+                                     an inference server speaking vLLM's HTTP contract
+    grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
+                                     the recipe's jobs (replicas, proxy, trainer), local or HF
+    grpo-lab proxy --upstream URL --upstream URL --port 8000
+                                     several servers behind one URL, routed by KV-prefix affinity
 """
 
 from __future__ import annotations
@@ -50,19 +56,28 @@ def _scalar_type(annotation):
     return _parse_bool if annotation is bool else annotation
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: dict | None = None):
-    """One `--field-name` flag per dataclass field, with the field's docstring as help."""
+def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: dict | None = None,
+                     exclude: tuple[str, ...] = ()):
+    """One `--field-name` flag per dataclass field, with the field's docstring as help.
+
+    A bool flag alone means true (`--enable-lora`); it also takes a value (`--use-lora false`).
+    """
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
         default = (defaults or {}).get(f.name, f.default)
+        kind = _scalar_type(f.type)
+        extra = {"nargs": "?", "const": True} if kind is _parse_bool else {}
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, type=_scalar_type(f.type),
-            default=default, help=f"{docs.get(f.name, '')} (default: {default})",
+            f"--{f.name.replace('_', '-')}", dest=f.name, type=kind,
+            default=default, help=f"{docs.get(f.name, '')} (default: {default})", **extra,
         )
 
 
 def config_from_args(args: argparse.Namespace, cls=GRPOConfig):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if hasattr(args, f.name)})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
     nb = sub.add_parser("notebook", help="execute a course notebook with papermill")
     nb.add_argument("name", help="number or name, e.g. 01")
     nb.add_argument("--output-dir", default=None, help="where the executed copy goes")
+
+    from .server import ServeConfig
+
+    serve = sub.add_parser("serve", help="an inference server speaking vLLM's HTTP contract "
+                           "(env gates: VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+    serve.add_argument("model", help="hub id or local path of the base model; `tiny` = the "
+                       "offline tiny model")
+    add_config_flags(serve, ServeConfig, exclude=("model",))
+
+    from .proxy import ProxyConfig
+
+    proxy = sub.add_parser("proxy", help="several inference servers behind one URL: KV-prefix "
+                           "routing, broadcast pause/resume/adapter loads, health")
+    proxy.add_argument("--upstream", dest="upstreams", action="append", required=True,
+                       metavar="URL", help="base URL of one replica; repeat once per replica")
+    add_config_flags(proxy, ProxyConfig, exclude=("upstreams",))
+
+    from .launchers import add_launch_parser
+
+    add_launch_parser(sub)
     return parser
 
 
@@ -113,6 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             from .notebooks import run_notebook
 
             print(run_notebook(args.name, args.output_dir))
+        elif args.command == "launch":
+            from .launchers import launch_main
+
+            return launch_main(args)
+        elif args.command == "serve":
+            from .server import ServeConfig, serve
+
+            serve(config_from_args(args, ServeConfig))
+        elif args.command == "proxy":
+            from .proxy import ProxyConfig, serve_proxy
+
+            serve_proxy(config_from_args(args, ProxyConfig))
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"grpo-lab: error: {exc}", file=sys.stderr)
         return 2

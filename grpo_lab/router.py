@@ -153,7 +153,9 @@ class PrefixRouter:
 
         # Stage 1: the common prefix. A block is common if it has more than one successor (this
         # prompt's next block counts): a shared template; or if every up replica served it.
-        # Common blocks say nothing about placement. `branch` counts the template part only.
+        # Hashes are chained, so every block before a common block is common too (a template
+        # longer than one block branches only at its last block). Common blocks say nothing
+        # about placement. `branch` counts the template part only.
         common = branch = 0
         for i, block in enumerate(blocks):
             if block is None:
@@ -161,12 +163,10 @@ class PrefixRouter:
             successors = set(block.successors)
             if i + 1 < len(hashes):
                 successors.add(hashes[i + 1])
-            is_branch = len(successors) > 1
-            if not (is_branch or block.owners & up_mask == up_mask):
-                break
-            common += 1
-            if is_branch and branch == i:
-                branch += 1  # still in the leading run of branch points: the shared template
+            if len(successors) > 1:
+                common = branch = i + 1
+            elif block.owners & up_mask == up_mask:
+                common = i + 1
 
         # Stage 2: each replica's leading matched blocks, minus the common prefix = specific match
         matched = {}

@@ -140,13 +140,19 @@ class GRPOTrainer:
             temperature=self.config.temperature,
         )
         self.model.train()
+        rewards, advantages = self.score(problems, out)
+        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
+        return batch.to(self.config.device), out
+
+    def score(self, problems: list[Problem], out: Completions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stages 2-3: (rewards, advantages), each (B,), for G completions per problem."""
+        G = self.config.num_generations
         # Stage 2: rewards, one per completion (answers repeated G times, prompt-major).
         answers = [p.answer for p in problems for _ in range(G)]
         rewards = torch.tensor(self.reward_fn(out.texts, answer=answers), dtype=torch.float32)
         # Stage 3: group-relative advantages.
         advantages = group_advantages(rewards, G, scale_by_std=self.config.scale_rewards)
-        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
-        return batch.to(self.config.device), out
+        return rewards, advantages
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         if self.config.beta == 0:
@@ -191,19 +197,11 @@ class GRPOTrainer:
         metrics = self.optimize(batch)
         done = time.perf_counter()
         self.step_count += 1
-        G = self.config.num_generations
-        grouped = batch.rewards.view(-1, G)
-        metrics.update(
-            step=self.step_count,
-            reward=batch.rewards.mean().item(),
-            reward_std=batch.rewards.std().item(),
-            frac_reward_zero_std=(grouped.std(dim=1) == 0).float().mean().item(),
-            **{"completions/mean_length": out.num_tokens / len(out),
-               "completions/clipped_ratio": out.finish_reasons.count("length") / len(out),
-               "perf/generate_s": generated - start,
-               "perf/fwd_bwd_s": done - generated,
-               "perf/step_s": done - start},
-        )
+        metrics.update(step=self.step_count, **rollout_metrics(batch.rewards, out,
+                                                               self.config.num_generations))
+        metrics.update({"perf/generate_s": generated - start,
+                        "perf/fwd_bwd_s": done - generated,
+                        "perf/step_s": done - start})
         return metrics
 
     def evaluate(self) -> float:
@@ -219,22 +217,32 @@ class GRPOTrainer:
             self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
         last = self.step_count + steps
         bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress)
-        for _ in range(steps):
-            record = self.step()
-            if (cfg.eval_every and record["step"] % cfg.eval_every == 0) or record["step"] == last:
-                record["eval/accuracy"] = self.evaluate()
-            self.logger.log(record)
-            bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.2f}",
-                            acc=f"{record.get('eval/accuracy', float('nan')):.2f}")
-            if record["step"] % cfg.log_every == 0:
-                bar.write(format_step(record, last))
-            if callback is not None:
-                callback(record)
-        bar.close()
+        self.start_steps()
+        try:
+            for _ in range(steps):
+                record = self.step()
+                if (cfg.eval_every and record["step"] % cfg.eval_every == 0) or record["step"] == last:
+                    record["eval/accuracy"] = self.evaluate()
+                self.logger.log(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward']:.2f}",
+                                acc=f"{record.get('eval/accuracy', float('nan')):.2f}")
+                if record["step"] % cfg.log_every == 0:
+                    bar.write(format_step(record, last))
+                if callback is not None:
+                    callback(record)
+        finally:
+            self.stop_steps()
+            bar.close()
         if cfg.output_dir:
             self.save(Path(cfg.output_dir) / ("adapter" if cfg.use_lora else "model"))
         return self.logger.records
+
+    def start_steps(self) -> None:
+        """Called by `train()` after the initial evaluation, before the first step (no-op here)."""
+
+    def stop_steps(self) -> None:
+        """Called by `train()` after the last step, even on error (no-op here)."""
 
     @property
     def accuracy_history(self) -> list[tuple[int, float]]:
@@ -247,6 +255,18 @@ class GRPOTrainer:
         if not self.config.use_lora:
             self.tokenizer.save_pretrained(path)
         return path
+
+
+def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int) -> dict[str, float]:
+    """Reward and completion metrics of one step's rollouts (TRL's names)."""
+    grouped = rewards.view(-1, group_size)
+    return {
+        "reward": rewards.mean().item(),
+        "reward_std": rewards.std().item(),
+        "frac_reward_zero_std": (grouped.std(dim=1) == 0).float().mean().item(),
+        "completions/mean_length": out.num_tokens / len(out),
+        "completions/clipped_ratio": out.finish_reasons.count("length") / len(out),
+    }
 
 
 LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")

@@ -19,6 +19,14 @@ CHECKS = {
     and r["config_mismatches"] == 0 and r["metrics_missing"] == 0
     and r["trl_reward_last"] > r["trl_reward_first"]
     and r["grpo_lab_reward_last"] > r["grpo_lab_reward_first"],
+    "05_rollout_server_and_bucket": lambda r: r["adapters_differ"] and r["base_ignores_adapters"]
+    and r["wrong_weights_deviation"] > 0.01 and r["right_weights_deviation"] < 1e-3
+    and r["max_ratio_deviation"] < 1e-3 and r["steps"] >= 1,
+    "06_proxy_and_kv_routing": lambda r: r["shared_blocks"] == 1
+    and r["walkthrough"] == ["unmatched", "affinity", "unmatched", "affinity"]
+    and r["replay_unmatched_pct"] <= 15.5 and r["group_affinity"] == 1.0 and r["batch_in_order"]
+    and r["lagged_load_status"] == 200 and r["load_retries"] >= 1
+    and r["failed_load_status"] == 500 and r["rollbacks"] == 1 and r["on_part_of_fleet"] == 0,
 }
 
 

@@ -263,3 +263,16 @@ def test_benchmark_script_quick(tmp_path):
     assert [run["num_replicas"] for run in result["runs"]] == [2, 3]
     assert all(run["rollouts"] == 800 * 8 == sum(run["routed"]) for run in result["runs"])
     assert "affinity" in proc.stdout and "unmatched" in proc.stdout
+
+
+def test_a_template_longer_than_one_block_is_common_up_to_its_branch_point():
+    """Prompts sharing a 2-block template then differing: the template gives no affinity."""
+    router = PrefixRouter(2)
+    template = list(range(100, 132))  # two full blocks
+    a = template + list(range(16))
+    b = template + list(range(50, 66))
+    c = template + list(range(200, 216))
+    router.route(a, "v1")
+    router.route(b, "v1")  # block 2 now has two successors: blocks 1-2 are the template
+    decision = router.route(c, "v1")
+    assert decision.kind == "unmatched" and decision.common_prefix_blocks == 2

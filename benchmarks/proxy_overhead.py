@@ -1,0 +1,315 @@
+"""Benchmark what the proxy adds: latency and throughput on loopback against instant upstreams.
+
+    python benchmarks/proxy_overhead.py            # ~1 minute
+    python benchmarks/proxy_overhead.py --quick    # shorter runs, ~20 s
+
+What runs, each in its own process: two stub upstreams that answer every request at once with
+the same ~1 KB vLLM completion (a raw asyncio HTTP/1.1 server, so that the upstream's own cost
+is small and the proxy's shows), `grpo-lab proxy` in front of them (started with
+`start_proxy_process`, as a user would), and this script as the client (raw asyncio sockets,
+keep-alive connections, one request at a time per connection).
+
+What is measured, in the same run and against the same upstreams:
+- latency, 1 request in flight: p50/p90/p99 called directly (alternating between the two
+  upstreams) and through the proxy; "added latency" = proxy p50 - direct p50.
+- throughput, 128 requests in flight: requests/s over a fixed window, directly and through the
+  proxy, with latency percentiles.
+Prompts are 144 token ids (9 KV blocks) drawn from 256 GRPO-like prompts that share a 23-token
+template, under an adapter name, so the proxy parses, hashes and routes every request as in a run.
+The client shares the 2 cores with the proxy and the upstreams, and nothing else is stopped
+while it runs: the load average is recorded next to the numbers, and `proxy_cpu_share` says how
+many cores the proxy process used during the 128-in-flight run (1.0 = one full core).
+Goals: added p50 <= 1 ms; >= 2,000 requests/s through the proxy at 128 in flight.
+Results go to benchmarks/results/proxy_overhead.json and are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GOALS = {"added_latency_p50_ms": 1.0, "proxy_rps_at_128": 2000.0}
+TEMPLATE = list(range(151_000, 151_023))  # 23 shared tokens, as the blog's chat template
+
+
+# ---------------------------------------------------------------- the stub upstream (a process)
+
+def _completion_body() -> bytes:
+    ids = list(range(100, 116))
+    return json.dumps({
+        "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "policy-v1",
+        "choices": [{"index": 0, "text": "x" * 16, "finish_reason": "length", "stop_reason": None,
+                     "logprobs": {"text_offset": list(range(16)), "token_logprobs": [-0.5] * 16,
+                                  "tokens": ["x"] * 16, "top_logprobs": [{"x": -0.5}] * 16},
+                     "token_ids": ids, "prompt_token_ids": None}],
+        "usage": {"prompt_tokens": 144, "completion_tokens": 16, "total_tokens": 160}}).encode()
+
+
+class _StubProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive: every request, whatever its path, gets the same 200 JSON answer."""
+
+    def __init__(self, reply: bytes):
+        self.reply, self.buf = reply, b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            i = head.find(b"content-length:")
+            length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0
+                              else None]) if i >= 0 else 0
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length:]
+            self.transport.write(self.reply)
+
+
+def serve_stub(port_file: str) -> None:
+    body = _completion_body()
+    reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _StubProtocol(reply), "127.0.0.1", 0,
+                                          backlog=1024)
+        Path(port_file).write_text(str(server.sockets[0].getsockname()[1]))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- the client
+
+def make_requests(n_prompts: int = 256, seed: int = 0) -> list[bytes]:
+    """Raw POST bodies: GRPO-like prompts (a shared template + 121 own tokens) under an adapter."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(n_prompts):
+        prompt = TEMPLATE + [rng.randrange(150_000) for _ in range(121)]
+        bodies.append(json.dumps({"model": "policy-v1", "prompt": prompt, "max_tokens": 16,
+                                  "temperature": 1.0, "logprobs": 0, "return_token_ids": True,
+                                  "seed": rng.randrange(2**63)}).encode())
+    return bodies
+
+
+async def _read_reply(reader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    i = lower.find(b"content-length:")
+    length = int(lower[i + 15:lower.find(b"\r\n", i)])
+    await reader.readexactly(length)
+    return status
+
+
+async def run_load(urls: list[str], bodies: list[bytes], concurrency: int, seconds: float,
+                   warmup_s: float = 1.0) -> dict:
+    """`concurrency` keep-alive connections (spread over `urls` in turn), each sending its next
+    request as soon as the last one is answered. Counts the answers that arrive in a window of
+    `seconds` that starts after `warmup_s`."""
+    latencies: list[float] = []
+    errors = 0
+    measuring = stop = False
+
+    async def worker(k: int):
+        nonlocal errors
+        host, port = urls[k % len(urls)].removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        rng = random.Random(k)
+        try:
+            while not stop:
+                body = bodies[rng.randrange(len(bodies))]
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                t0 = time.perf_counter()
+                status = await _read_reply(reader)
+                if measuring and not stop:
+                    latencies.append(time.perf_counter() - t0)
+                    errors += status != 200
+        finally:
+            writer.close()
+
+    workers = [asyncio.create_task(worker(k)) for k in range(concurrency)]
+    await asyncio.sleep(warmup_s)
+    measuring, t0 = True, time.perf_counter()
+    await asyncio.sleep(seconds)
+    stop, elapsed = True, time.perf_counter() - t0
+    await asyncio.gather(*workers)
+    return summarize(latencies, elapsed, errors)
+
+
+async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: int = 200) -> dict:
+    """One request in flight; with several URLs, alternate between them (one connection each)."""
+    conns = []
+    for url in urls:
+        host, port = url.removeprefix("http://").split(":")
+        conns.append(await asyncio.open_connection(host, int(port)))
+    rng = random.Random(1)
+    latencies, errors = [], 0
+    t_start = None
+    try:
+        for i in range(warmup + n):
+            if i == warmup:
+                t_start = time.perf_counter()
+            reader, writer = conns[i % len(conns)]
+            body = bodies[rng.randrange(len(bodies))]
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            t0 = time.perf_counter()
+            status = await _read_reply(reader)
+            if i >= warmup:
+                latencies.append(time.perf_counter() - t0)
+                errors += status != 200
+    finally:
+        for _, writer in conns:
+            writer.close()
+    return summarize(latencies, time.perf_counter() - t_start, errors)
+
+
+def summarize(latencies: list[float], elapsed: float, errors: int) -> dict:
+    ms = sorted(x * 1000 for x in latencies)
+
+    def pct(p):
+        return round(ms[min(len(ms) - 1, int(p / 100 * len(ms)))], 3) if ms else None
+
+    return {"requests": len(ms), "errors": errors, "seconds": round(elapsed, 2),
+            "rps": round(len(ms) / elapsed, 1) if elapsed else 0.0,
+            "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99),
+            "mean_ms": round(statistics.fmean(ms), 3) if ms else None}
+
+
+# ---------------------------------------------------------------- orchestration
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux), to show how much CPU the proxy got."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_stub(tmp: Path, k: int) -> tuple[subprocess.Popen, str]:
+    port_file = tmp / f"stub{k}.port"
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(port_file)],
+                            start_new_session=True)
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text():
+            return proc, f"http://127.0.0.1:{port_file.read_text()}"
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("stub upstream did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter runs")
+    parser.add_argument("--rounds", type=int, default=2, help="direct/proxy pairs to run")
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "proxy_overhead.json")
+    parser.add_argument("--serve-stub", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_stub:
+        serve_stub(args.serve_stub)
+        return 0
+
+    import tempfile
+
+    from grpo_lab.proxy import start_proxy_process
+
+    n_seq, seconds = (1000, 3.0) if args.quick else (3000, 8.0)
+    bodies = make_requests()
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    stubs, proxy = [], None
+    load_before = os.getloadavg()
+    try:
+        stubs = [start_stub(tmp, k) for k in range(2)]
+        upstreams = [url for _, url in stubs]
+        proxy = start_proxy_process(upstreams, stats_every_s=0, log_path=tmp / "proxy.log",
+                                    env={"OMP_NUM_THREADS": "1"})
+        rounds = []
+        for r in range(args.rounds):
+            row = {}
+            for name, urls in (("direct", upstreams), ("proxy", [proxy.url])):
+                row[f"{name}_c1"] = asyncio.run(run_sequential(urls, bodies, n_seq))
+                cpu_before = cpu_seconds(proxy.pid)
+                row[f"{name}_c{args.concurrency}"] = out = asyncio.run(run_load(
+                    urls, bodies, args.concurrency, seconds))
+                if name == "proxy" and cpu_before is not None:  # includes the 1 s warm-up
+                    out["proxy_cpu_share"] = round((cpu_seconds(proxy.pid) - cpu_before)
+                                                   / (seconds + 1.0), 2)
+            row["added_latency_p50_ms"] = round(row["proxy_c1"]["p50_ms"]
+                                                - row["direct_c1"]["p50_ms"], 3)
+            rounds.append(row)
+            print(f"round {r + 1}: " + json.dumps(row))
+        import urllib.request
+
+        with urllib.request.urlopen(proxy.url + "/proxy/stats", timeout=10) as reply:
+            stats = json.loads(reply.read())
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        for proc, _ in stubs:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    c = f"c{args.concurrency}"
+
+    def median(key: str, field: str | None = None) -> float:
+        return round(statistics.median(r[key][field] if field else r[key] for r in rounds), 3)
+
+    added = median("added_latency_p50_ms")
+    proxy_rps = median(f"proxy_{c}", "rps")
+    results = {
+        "what": "grpo-lab proxy in front of 2 instant stub upstreams, loopback, separate processes",
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+        "requests": {"prompt_tokens": 144, "response_bytes": len(_completion_body())},
+        "concurrency": args.concurrency,
+        "rounds": rounds,
+        "summary": {
+            "added_latency_p50_ms": added,
+            "direct_p50_ms_c1": median("direct_c1", "p50_ms"),
+            "proxy_p50_ms_c1": median("proxy_c1", "p50_ms"),
+            f"direct_rps_{c}": median(f"direct_{c}", "rps"),
+            f"proxy_rps_{c}": proxy_rps,
+            f"proxy_p50_ms_{c}": median(f"proxy_{c}", "p50_ms"),
+            f"proxy_cpu_share_{c}": median(f"proxy_{c}", "proxy_cpu_share")
+            if cpu_seconds(os.getpid()) is not None else None,
+            "errors": sum(r[k]["errors"] for r in rounds for k in r if isinstance(r[k], dict)),
+        },
+        "goals": {"added_latency_p50_ms <= 1.0": added <= GOALS["added_latency_p50_ms"],
+                  f"proxy_rps_{c} >= 2000": proxy_rps >= GOALS["proxy_rps_at_128"]},
+        "proxy_stats": {k: stats[k] for k in ("requests", "routed", "affinity", "spilled",
+                                              "unmatched", "tracked_blocks", "errors")},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["summary"], indent=2))
+    print(json.dumps(results["goals"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

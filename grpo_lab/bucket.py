@@ -1,0 +1,141 @@
+"""Adapter publishing through "the bucket": a folder every job sees at the same absolute path.
+
+The trainer writes each policy version's LoRA adapter into the bucket; inference servers load it
+from the same path (`/v1/load_lora_adapter`). No NCCL, no network between the jobs: a rank-1
+adapter is a few hundred kilobytes even for a 1.5B model.
+
+Publishing, as TRL's AsyncGRPOTrainer does it:
+
+    1. write    save_pretrained into a hidden temp dir inside the bucket  (.policy-v7.tmp-x1y2)
+    2. open up  chmod 0755 dirs / 0644 files: PEFT writes the weights 0600, and the
+                servers may run as another user
+    3. publish  os.rename(temp, "policy-v7"): atomic, so a reader sees nothing or everything
+    4. retire   keep the `max_staleness + 2` newest versions; delete an older one only once
+                every server has unloaded it (`mark_unloaded`), one sync after its unload
+
+Names are never reused (one name per version): servers key their prefix caches by adapter name.
+
+On Hugging Face Jobs the bucket is a Storage Bucket mounted into every job
+(`bucket_volume(...)`, `hf jobs run -v hf://buckets/<owner>/<bucket>:/lora ...`); mounts of
+different jobs see a new directory at different moments, which is why loads are retried while
+a server answers "No adapter found".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+DIR_MODE, FILE_MODE = 0o755, 0o644
+
+
+def adapter_name(version: int, prefix: str = "policy") -> str:
+    """`policy-v7`: the adapter's directory name and its name on the servers."""
+    return f"{prefix}-v{version}"
+
+
+def make_world_readable(path: Path) -> None:
+    """chmod 0755 on directories and 0644 on files, recursively (PEFT writes weights 0600)."""
+    os.chmod(path, DIR_MODE)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), DIR_MODE)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), FILE_MODE)
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+class AdapterBucket:
+    """Versioned adapters under `root`: `publish`, `mark_unloaded`, automatic retirement.
+
+    `max_staleness`: how many versions a rollout may lag; servers hold `max_staleness + 1`
+    versions (one more during a swap), so the bucket keeps the `max_staleness + 2` newest.
+    """
+
+    def __init__(self, root: str | os.PathLike, prefix: str = "policy", max_staleness: int = 1):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", prefix):
+            raise ValueError(f"prefix must be a plain name, got {prefix!r}")
+        self.root = Path(root).absolute()
+        self.prefix = prefix
+        self.keep = max_staleness + 2
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.unloaded: set[int] = set()  # versions no server holds any more: safe to delete
+        self.deleted: list[int] = []
+        self.last_publish: dict = {}
+        for leftover in self.root.glob(f".{prefix}-v*.tmp-*"):  # a crash mid-write
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def path(self, version: int) -> Path:
+        return self.root / adapter_name(version, self.prefix)
+
+    def versions(self) -> list[int]:
+        """Published versions present in the bucket, oldest first (temp dirs are not listed)."""
+        pattern = re.compile(rf"{re.escape(self.prefix)}-v(\d+)")
+        found = (pattern.fullmatch(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def publish(self, model, version: int) -> Path:
+        """Write `model`'s adapter (anything with `save_pretrained`, e.g. a PEFT model) as
+        version `version`, atomically; then retire old unloaded versions. Returns its path."""
+        final = self.path(version)
+        if final.exists():
+            raise FileExistsError(f"{final} exists: a version name is never reused")
+        start = time.perf_counter()
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.root))
+        try:
+            model.save_pretrained(staging)  # 1. write (hidden: readers skip dot-dirs)
+            make_world_readable(staging)  # 2. open up
+            written = time.perf_counter()
+            os.rename(staging, final)  # 3. publish, atomically
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.last_publish = {"version": version, "bytes": directory_bytes(final),
+                             "write_s": written - start,
+                             "publish_s": time.perf_counter() - start}
+        self.prune()  # 4. retire
+        return final
+
+    def mark_unloaded(self, version: int) -> None:
+        """Every server has unloaded `version`: its directory may go once it is old enough."""
+        self.unloaded.add(version)
+
+    def prune(self) -> list[int]:
+        """Delete versions older than the `keep` newest, but only those marked unloaded."""
+        versions = self.versions()
+        old = versions[: max(0, len(versions) - self.keep)]
+        gone = [v for v in old if v in self.unloaded]
+        for version in gone:
+            shutil.rmtree(self.path(version), ignore_errors=True)
+            self.unloaded.discard(version)
+        self.deleted += gone
+        return gone
+
+
+def bucket_volume(bucket_id: str, mount_path: str = "/lora", read_only: bool = False,
+                  path: str | None = None):
+    """The job volume that mounts a Storage Bucket at `mount_path` (huggingface_hub `Volume`).
+
+    Mount it read-write in the trainer job and `read_only=True` in the inference jobs; pass the
+    volumes to `huggingface_hub.run_job(..., volumes=[...])` (or `hf jobs run -v <to_uri()>`).
+    """
+    from huggingface_hub import Volume
+
+    return Volume(type="bucket", source=bucket_id, mount_path=mount_path,
+                  read_only=read_only, path=path)
+
+
+def create_adapter_bucket(bucket_id: str, private: bool = True, token: str | None = None):
+    """Create the Storage Bucket on the Hub (exist_ok); needs a token and the network."""
+    from huggingface_hub import create_bucket
+
+    return create_bucket(bucket_id, private=private, exist_ok=True, token=token)

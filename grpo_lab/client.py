@@ -1,0 +1,209 @@
+"""An async HTTP client for the inference-server contract (docs/serving-api.md).
+
+The same calls work against grpo_lab's server, the proxy, and a real `vllm serve`:
+
+    async with InferenceClient("http://127.0.0.1:8000", api_key=None) as client:
+        await client.wait_until_healthy()
+        await client.pause("keep")
+        await client.load_lora_adapter("policy-v1", "/lora/policy-v1")
+        await client.resume()
+        out = await client.completions([1, 5, 6], model="policy-v1", max_tokens=8, seed=7)
+
+Every non-2xx answer raises `ServerError`, which carries the status, the raw body and vLLM's error
+`type` and `message`. `ServerError.adapter_not_visible` marks the one load error worth retrying
+("No adapter found": the server's mount has not seen the directory yet).
+
+`BlockingClient` wraps the same calls for synchronous code (a trainer thread, a plain script):
+it runs the async client on an event loop in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+from typing import Any
+
+import aiohttp
+
+
+class ServerError(Exception):
+    """A non-2xx answer: `.status`, `.body` (text), `.error_type`, `.message`, `.param`."""
+
+    def __init__(self, method: str, path: str, status: int, body: str):
+        self.method, self.path, self.status, self.body = method, path, status, body
+        self.error_type = self.param = None
+        self.message = body
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            error = data.get("error", data.get("detail"))
+            if isinstance(error, dict):  # vLLM: {"error": {"message", "type", "param", "code"}}
+                self.message = str(error.get("message", body))
+                self.error_type, self.param = error.get("type"), error.get("param")
+            elif error is not None:  # {"detail": "Not Found"}, {"error": "Unauthorized"}
+                self.message = str(error)
+        super().__init__(f"{method} {path} -> {status} {self.error_type or ''}: {self.message}")
+
+    @property
+    def adapter_not_visible(self) -> bool:
+        """The load route's 'No adapter found' 404: retry, the mount may catch up."""
+        return self.status == 404 and "No adapter found" in self.message
+
+
+class InferenceClient:
+    """Async client of one server (or one proxy). Use as `async with`, or call `close()`."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0,
+                 max_connections: int = 1024):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._session = aiohttp.ClientSession(
+                headers=headers, timeout=self.timeout,
+                connector=aiohttp.TCPConnector(limit=self.max_connections))
+        return self._session
+
+    async def request(self, method: str, path: str, *, json_body: Any = None,
+                      params: dict | None = None, data: bytes | None = None,
+                      headers: dict | None = None) -> tuple[int, str]:
+        """One request; returns (status, body text) for 2xx, raises `ServerError` otherwise.
+        `data` sends raw bytes instead of `json_body` (e.g. to test a server's error handling)."""
+        async with self._get_session().request(method, self.base_url + path, json=json_body,
+                                               params=params, data=data,
+                                               headers=headers) as reply:
+            text = await reply.text()
+            if not 200 <= reply.status < 300:
+                raise ServerError(method, path, reply.status, text)
+            return reply.status, text
+
+    async def _json(self, method: str, path: str, **kwargs) -> Any:
+        return json.loads((await self.request(method, path, **kwargs))[1])
+
+    # ------------------------------------------------------------------ the endpoints
+
+    async def health(self) -> bool:
+        """True on 200; False on 503 or when nothing answers."""
+        try:
+            await self.request("GET", "/health")
+            return True
+        except ServerError:
+            return False
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def wait_until_healthy(self, timeout_s: float = 120.0, interval_s: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.base_url} not healthy after {timeout_s} s")
+            await asyncio.sleep(interval_s)
+
+    async def models(self) -> list[dict]:
+        """The model cards: the base model first, then one per loaded adapter."""
+        return (await self._json("GET", "/v1/models"))["data"]
+
+    async def server_info(self) -> dict:
+        """The server's `vllm_config` (needs VLLM_SERVER_DEV_MODE=1 on the server)."""
+        return (await self._json("GET", "/server_info",
+                                 params={"config_format": "json"}))["vllm_config"]
+
+    async def pause(self, mode: str = "keep") -> dict:
+        return await self._json("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> dict:
+        return await self._json("POST", "/resume")
+
+    async def load_lora_adapter(self, name: str, path: str, *, load_inplace: bool = False,
+                                retry_not_found_s: float = 0.0, retry_every_s: float = 0.5) -> str:
+        """Load an adapter; with `retry_not_found_s` > 0, retry 'No adapter found' until then."""
+        deadline = time.monotonic() + retry_not_found_s
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": load_inplace}
+        while True:
+            try:
+                return (await self.request("POST", "/v1/load_lora_adapter", json_body=body))[1]
+            except ServerError as exc:
+                if not exc.adapter_not_visible or time.monotonic() + retry_every_s > deadline:
+                    raise
+            await asyncio.sleep(retry_every_s)
+
+    async def unload_lora_adapter(self, name: str) -> str:
+        return (await self.request("POST", "/v1/unload_lora_adapter",
+                                   json_body={"lora_name": name}))[1]
+
+    async def completions(self, prompt, *, model: str | None = None, max_tokens: int = 16,
+                          temperature: float = 1.0, n: int = 1, seed: int | None = None,
+                          logprobs: int | None = 0, return_token_ids: bool = True,
+                          **fields) -> dict:
+        """POST /v1/completions; `prompt` is token ids, a string, or a list of either.
+        Extra `fields` (top_p, top_k, min_p, repetition_penalty, ...) are sent as given."""
+        body = {"prompt": prompt, "max_tokens": max_tokens,
+                "temperature": temperature, "n": n, "logprobs": logprobs,
+                "return_token_ids": return_token_ids, **fields}
+        if model is not None:  # omitted or empty = the base model
+            body["model"] = model
+        if seed is not None:
+            body["seed"] = seed
+        return await self._json("POST", "/v1/completions", json_body=body)
+
+
+class BlockingClient:
+    """The `InferenceClient` calls, synchronous: `BlockingClient(url).completions(...)`.
+
+    Runs an event loop in a daemon thread; safe to call from several threads at once (each call
+    is a coroutine on that loop). `close()` stops the loop.
+    """
+
+    def __init__(self, base_url: str, **kwargs):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="grpo-lab-client")
+        self._thread.start()
+        self.client = InferenceClient(base_url, **kwargs)
+
+    def call(self, coroutine, timeout: float | None = None):
+        """Run a coroutine on the client's loop and wait for its result."""
+        return self.submit(coroutine).result(timeout)
+
+    def submit(self, coroutine) -> concurrent.futures.Future:
+        """Start a coroutine on the client's loop; returns at once with a future."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def __getattr__(self, name):
+        method = getattr(self.client, name)
+        if not asyncio.iscoroutinefunction(method):
+            return method
+        return lambda *args, **kwargs: self.call(method(*args, **kwargs))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self.call(self.client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

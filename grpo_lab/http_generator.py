@@ -1,0 +1,123 @@
+"""`HTTPGenerator`: the `Generator` of asynchronous GRPO backed by inference servers over HTTP.
+
+It swaps `LocalGenerator` (grpo_lab.generators) for a server (or a proxy in front of several)
+without touching the training loop:
+
+    publish(model, N)   the weight sync, TRL's adapter-only LoRA path:
+        1. bucket.publish       write the adapter as `policy-vN`, atomically (grpo_lab.bucket)
+        2. POST /pause?mode=keep    freeze in-flight rollouts
+        3. POST /v1/load_lora_adapter {"lora_name": "policy-vN", "lora_path": <bucket>/policy-vN}
+                                (retried while the server answers "No adapter found")
+        4. POST /resume
+        5. POST /v1/unload_lora_adapter  policy-v(N - max_staleness - 1); the bucket deletes its
+                                directory one sync later
+    generate(prompt_ids, version=v, ...)
+        one /v1/completions request per prompt, n = G, `model = "policy-vv"`, a fresh seed each,
+        untruncated sampling (top_p 1, top_k 0) so the server's processed logprobs are the
+        trainer's old-policy logprobs
+
+Every version has its own name: a reused name would let a server mix policies (prefix cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+from .bucket import AdapterBucket, adapter_name
+from .client import BlockingClient, ServerError
+from .generation import Completions
+
+
+class HTTPGenerator:
+    """Samples from policy versions loaded on an inference server; publishes through a bucket."""
+
+    def __init__(self, url: str, bucket: AdapterBucket, *, api_key: str | None = None,
+                 max_staleness: int = 1, load_timeout_s: float = 60.0,
+                 retry_every_s: float = 0.25, seed: int | None = None,
+                 request_timeout_s: float = 600.0):
+        self.bucket = bucket
+        self.max_staleness = max_staleness
+        self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
+        self.client = BlockingClient(url, api_key=api_key, timeout_s=request_timeout_s)
+        self._rng = random.Random(seed)  # request seeds: reproducible runs when seeded
+        self._lock = threading.Lock()  # publish (trainer thread) vs generate (worker thread)
+        self._latest = -1
+        self.loaded: list[int] = []
+        """Versions loaded on the server, oldest first."""
+        self.syncs: list[dict] = []
+        """Per publish: seconds of each stage and bytes written."""
+
+    def name(self, version: int) -> str:
+        return adapter_name(version, self.bucket.prefix)
+
+    @property
+    def latest_version(self) -> int:
+        with self._lock:
+            return self._latest
+
+    def publish(self, model, version: int) -> None:
+        if version <= self.latest_version:
+            raise ValueError(f"versions must increase: {version} after {self.latest_version}")
+        t0 = time.perf_counter()
+        path = self.bucket.publish(model, version)  # 1. write + atomic rename
+        t1 = time.perf_counter()
+        self.client.pause("keep")  # 2.
+        try:
+            t2 = time.perf_counter()
+            self.client.load_lora_adapter(self.name(version), str(path),  # 3.
+                                          retry_not_found_s=self.load_timeout_s,
+                                          retry_every_s=self.retry_every_s)
+            t3 = time.perf_counter()
+        finally:
+            self.client.resume()  # 4.
+        t4 = time.perf_counter()
+        with self._lock:
+            self._latest = version
+            self.loaded.append(version)
+            retire = [v for v in self.loaded if v < version - self.max_staleness]
+        for old in retire:  # 5.
+            self.client.unload_lora_adapter(self.name(old))
+            self.bucket.mark_unloaded(old)
+            with self._lock:
+                self.loaded.remove(old)
+        t5 = time.perf_counter()
+        self.syncs.append({"version": version, "bytes": self.bucket.last_publish["bytes"],
+                           "publish_s": t1 - t0, "pause_s": t2 - t1, "load_s": t3 - t2,
+                           "resume_s": t4 - t3, "unload_s": t5 - t4, "sync_s": t5 - t0})
+
+    async def _generate(self, prompt_ids, name, n, max_new_tokens, temperature, seeds):
+        requests = [self.client.client.completions(
+            ids, model=name, n=n, max_tokens=max_new_tokens, temperature=temperature,
+            top_p=1.0, top_k=0, seed=seed, logprobs=0, return_token_ids=True)
+            for ids, seed in zip(prompt_ids, seeds, strict=True)]
+        return await asyncio.gather(*requests)
+
+    def generate(self, prompt_ids, *, version, num_generations, max_new_tokens,
+                 temperature) -> Completions:
+        name = self.name(version)
+        with self._lock:
+            seeds = [self._rng.getrandbits(63) for _ in prompt_ids]
+        try:
+            replies = self.client.call(self._generate(
+                [list(p) for p in prompt_ids], name, num_generations, max_new_tokens,
+                temperature, seeds))
+        except ServerError as exc:
+            if exc.status == 404 and exc.param == "model":
+                raise KeyError(f"policy version {version} ({name}) is not loaded on the "
+                               f"server: {exc.message}") from exc
+            raise
+        out = Completions([], [], [], [], [])
+        for reply in replies:  # prompt-major: choices are ordered by prompt, then child
+            for choice in reply["choices"]:
+                out.prompt_ids.append(choice["prompt_token_ids"])
+                out.completion_ids.append(choice["token_ids"])
+                out.logprobs.append(choice["logprobs"]["token_logprobs"])
+                out.texts.append(choice["text"])
+                out.finish_reasons.append(choice["finish_reason"])
+        return out
+
+    def close(self) -> None:
+        self.client.close()

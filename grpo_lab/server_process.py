@@ -1,0 +1,151 @@
+"""Start an inference server as a separate process and stop it again, from Python.
+
+Notebooks, tests and the launcher start servers through `start_server_process`, never by pasting
+shell: it picks a free port, waits until the server says it is ready, and `stop()` (or leaving the
+`with` block) ends exactly the process group it started.
+
+    with start_server_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=4) as server:
+        print(server.url)            # http://127.0.0.1:40213
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+READY_MARKER = "GRPO_LAB_SERVER_READY"
+
+
+class ServerProcess:
+    """A running server process: `.url`, `.pid`, `.log_path`; `stop()` ends its process group."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, api_key: str | None = None):
+        self.proc, self.log_path, self.api_key = proc, log_path, api_key
+        self.url: str | None = None
+        atexit.register(self.stop)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # the group we created with start_new_session
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the server's process group, SIGKILL it after `timeout`; returns the exit code."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait(timeout)
+        atexit.unregister(self.stop)
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running() else f"exited {self.proc.returncode}"
+        return f"ServerProcess(url={self.url!r}, pid={self.pid}, {state})"
+
+
+def _flag_args(flags: dict) -> list[str]:
+    """{"enable_lora": True, "max_loras": 4} -> ["--enable-lora", "--max-loras", "4"]."""
+    args = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False and value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def start_server_process(
+    model: str = "tiny",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    dev_mode: bool = True,
+    runtime_lora_updating: bool = True,
+    env: dict | None = None,
+    command: list[str] | None = None,
+    log_path: str | os.PathLike | None = None,
+    startup_timeout_s: float = 180.0,
+    **flags,
+) -> ServerProcess:
+    """Start `grpo-lab serve MODEL --flag value ...` and wait until it answers /health.
+
+    `flags` become CLI flags (`max_lora_rank=8` -> `--max-lora-rank 8`, `enable_lora=True` ->
+    `--enable-lora`). `dev_mode` / `runtime_lora_updating` set vLLM's gates
+    (VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING). The server uses one torch thread
+    unless `num_threads` says otherwise. Raises RuntimeError (with the log's tail) if it does
+    not come up in time; the process is stopped in that case.
+    """
+    command = command or [sys.executable, "-m", "grpo_lab.cli", "serve"]
+    flags.setdefault("num_threads", 1)
+    args = [*command, model, "--host", host, "--port", str(port), *_flag_args(flags)]
+    proc_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
+                "OMP_NUM_THREADS": str(flags["num_threads"]), "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONUNBUFFERED": "1", **(env or {})}
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="grpo-lab-serve-", suffix=".log")
+        os.close(fd)
+    log_path = Path(log_path)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=proc_env,
+                                start_new_session=True)
+    server = ServerProcess(proc, log_path, api_key=flags.get("api_key"))
+    deadline = time.monotonic() + startup_timeout_s
+    try:
+        while server.url is None:
+            for line in server.log_text().splitlines():
+                if line.startswith(READY_MARKER):
+                    server.url = line.split()[1]
+            if server.url is None:
+                if not server.running():
+                    raise RuntimeError(f"the server exited with status {proc.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not start in {startup_timeout_s} s")
+                time.sleep(0.1)
+        while True:  # the socket is bound; wait until the engine says it is healthy
+            try:
+                with urllib.request.urlopen(server.url + "/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        return server
+            except OSError:
+                pass
+            if time.monotonic() > deadline or not server.running():
+                raise RuntimeError("the server never answered /health with 200")
+            time.sleep(0.1)
+    except BaseException as exc:
+        server.stop()
+        if isinstance(exc, RuntimeError):
+            raise RuntimeError(f"{exc}; command: {' '.join(args)}\nlog ({log_path}):\n"
+                               f"{server.log_text()[-3000:]}") from None
+        raise

@@ -1,0 +1,222 @@
+"""The asynchronous trainer and the generation interface: short real runs on the tiny model.
+
+Every run uses one torch thread per thread of work (2-core CI), a few steps of 4 prompts x 4
+samples, and a pytest timeout, so a lost wake-up fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from grpo_lab.generation import generate_completions
+from grpo_lab.generators import Generator, LocalGenerator, sample_from_ids, trainable_state
+
+SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
+             progress=False, log_every=100, trainer_threads=1, generator_threads=1)
+WORKER = "grpo-rollout-worker"
+pytestmark = pytest.mark.timeout(120)  # a lost wake-up or a deadlock fails instead of hanging
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def step_records(records):
+    return [r for r in records if r["step"] > 0]
+
+
+class RecordingGenerator:
+    """A LocalGenerator that remembers the version of every generate call, in order."""
+
+    def __init__(self, inner: LocalGenerator, fail_after: int | None = None):
+        self.inner, self.versions, self.fail_after = inner, [], fail_after
+
+    def publish(self, model, version):
+        self.inner.publish(model, version)
+
+    @property
+    def latest_version(self):
+        return self.inner.latest_version
+
+    def generate(self, prompt_ids, **kwargs):
+        if self.fail_after is not None and len(self.versions) >= self.fail_after:
+            raise RuntimeError("replica crashed")
+        self.versions.append(kwargs["version"])
+        return self.inner.generate(prompt_ids, **kwargs)
+
+
+def recording_trainer(tiny_model_and_tokenizer, fail_after=None, **overrides):
+    model, tokenizer = tiny_model_and_tokenizer
+    cfg = AsyncGRPOConfig(**{**SMALL, **overrides})
+    trainer = AsyncGRPOTrainer(cfg, model=_fresh(model), tokenizer=tokenizer)
+    trainer.generator = RecordingGenerator(trainer.generator, fail_after)
+    return trainer
+
+
+def _fresh(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def test_on_policy_async_run_has_ratio_one_and_stops_cleanly(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, max_staleness=0, weight_sync_steps=1)
+    records = step_records(trainer.train())
+    assert len(records) == 4
+    for r in records:
+        assert r["sample/staleness_max"] == 0
+        assert abs(r["ratio"] - 1) < 1e-3  # the generator's weights are exactly the trainer's
+    assert [r["version"] for r in records] == [1, 2, 3, 4]
+    assert trainer.generator.versions[:4] == [0, 1, 2, 3]  # admission: nothing generated early
+    assert records[-1]["sample/dropped_stale"] == 0
+    assert not trainer.worker_alive
+    assert WORKER not in {t.name for t in threading.enumerate()}
+
+
+def test_overlapped_run_bounds_staleness_and_tags_monotone_versions(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, steps=6, max_staleness=1,
+                                weight_sync_steps=2)
+    records = step_records(trainer.train())
+    versions = trainer.generator.versions
+    assert versions == sorted(versions) and len(versions) >= 6
+    assert all(r["sample/staleness_max"] <= 1 for r in records)
+    assert [r["version"] for r in records] == [0, 1, 1, 2, 2, 3]  # a sync every 2 steps
+    assert records[-1]["sample/dropped_stale"] == 0
+    expected = {"perf/step_s", "perf/fwd_bwd_s", "perf/rollout_wait_s", "rollout/backpressure_s",
+                "sample/rollout_queue_size", "sample/staleness_mean", "sample/staleness_max",
+                "perf/weight_sync_s", "rollout/generated_tok_s", "reward", "ratio", "time_s"}
+    assert all(expected <= set(r) for r in records)
+    assert all(r["rollout/generated_tok_s"] > 0 for r in records)
+    assert not trainer.worker_alive
+
+
+def test_stop_unblocks_a_worker_waiting_on_a_full_buffer(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, max_staleness=3)
+    trainer.start_steps()
+    deadline = time.monotonic() + 60
+    while len(trainer.buffer) < trainer.buffer.maxsize and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(trainer.buffer) == trainer.buffer.maxsize
+    # The worker goes on to generate the next batch (admission allows 3 ahead) and then blocks
+    # in put. Wherever it is when we stop (generating or blocked), stop must end it.
+    time.sleep(0.5)
+    trainer.stop_steps(timeout_s=10)
+    assert not trainer.worker_alive
+    assert trainer.buffer.stats()["rollout/backpressure_s"] > 0  # it was blocked in put
+
+
+def test_a_worker_error_surfaces_in_the_trainer(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, fail_after=1, max_staleness=0)
+    with pytest.raises(RuntimeError, match="rollout worker stopped") as info:
+        trainer.train()
+    assert "replica crashed" in str(info.value.__cause__)
+    assert not trainer.worker_alive
+
+
+def test_synchronous_mode_runs_the_same_pipeline_without_a_thread(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, asynchronous=False, token_budget=64)
+    records = step_records(trainer.train())
+    assert trainer._worker is None
+    assert trainer.generator.versions == [0, 1, 2, 3]
+    for r in records:
+        assert abs(r["ratio"] - 1) < 1e-3 and r["sample/staleness_max"] == 0
+        assert r["perf/micro_batches"] > 1 and r["perf/generate_s"] > 0
+
+
+def test_local_generator_keeps_its_own_weights_and_versions(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    trainer = AsyncGRPOTrainer(AsyncGRPOConfig(**SMALL), model=_fresh(model), tokenizer=tokenizer)
+    gen = trainer.generator
+    assert isinstance(gen, Generator)
+    trainer_ptrs = {p.data_ptr() for p in trainer.model.parameters()}
+    assert not trainer_ptrs & {p.data_ptr() for p in gen.model.parameters()}  # no shared tensor
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.add_(1.0)  # "train": the published snapshot of version 0 must not move
+    snapshot = gen._snapshots[0]
+    assert all(not torch.equal(snapshot[k], v) for k, v in trainable_state(trainer.model).items()
+               if "lora_B" in k)
+    for v in (1, 2, 3):
+        gen.publish(trainer.model, v)
+    assert gen.versions == [1, 2, 3] and gen.latest_version == 3  # max_staleness + 2 slots
+    with pytest.raises(KeyError, match="version 0 not available"):
+        gen.generate([[1, 4]], version=0, num_generations=2, max_new_tokens=3, temperature=1.0)
+    with pytest.raises(ValueError, match="versions must increase"):
+        gen.publish(trainer.model, 3)
+
+
+def test_sampling_from_ids_equals_sampling_from_text(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    prompts = ["07+45=", "12+30="]
+    torch.manual_seed(0)
+    text_out = generate_completions(model, tokenizer, prompts, max_new_tokens=5,
+                                    num_generations=3)
+    torch.manual_seed(0)
+    ids_out = sample_from_ids(model, tokenizer(prompts)["input_ids"], tokenizer=tokenizer,
+                              pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id, num_generations=3,
+                              max_new_tokens=5, temperature=1.0)
+    assert ids_out.prompt_ids == text_out.prompt_ids
+    assert ids_out.completion_ids == text_out.completion_ids
+    assert ids_out.texts == text_out.texts and ids_out.finish_reasons == text_out.finish_reasons
+    for a, b in zip(ids_out.logprobs, text_out.logprobs, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_staleness": -1}, "max_staleness must be >= 0"),
+        ({"weight_sync_steps": 0}, "weight_sync_steps must be >= 1"),
+        ({"buffer_size": 2}, "buffer_size must hold"),
+        ({"pack_sequences": True}, "pack_sequences needs a token_budget"),
+        ({"num_generations": 1}, "num_generations must be >= 2"),  # GRPOConfig's checks still run
+    ],
+)
+def test_invalid_async_config_fails_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AsyncGRPOConfig(**{"prompts_per_step": 4, **kwargs})
+
+
+def test_async_config_round_trips():
+    cfg = AsyncGRPOConfig(max_staleness=2, token_budget=256)
+    assert AsyncGRPOConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.effective_buffer_size == cfg.prompts_per_step
+
+
+def test_full_finetune_with_kl_and_packing_runs_async(tiny_model_and_tokenizer):
+    trainer = recording_trainer(tiny_model_and_tokenizer, steps=2, use_lora=False,
+                                learning_rate=1e-4, beta=0.1, token_budget=48,
+                                pack_sequences=True, pack_row_tokens=24)
+    records = step_records(trainer.train())
+    assert all("kl" in r and r["kl"] >= 0 for r in records)
+    assert all(r["perf/micro_batches"] > 1 for r in records)
+    assert not trainer.worker_alive
+
+
+def test_merged_adapter_samples_like_the_unmerged_one(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    trainer = AsyncGRPOTrainer(AsyncGRPOConfig(**SMALL), model=_fresh(model), tokenizer=tokenizer)
+    with torch.no_grad():  # a non-trivial adapter: lora_B starts at 0
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    merged = LocalGenerator(trainer.model, tokenizer, merge_lora=True)
+    plain = LocalGenerator(trainer.model, tokenizer, merge_lora=False)
+    assert merged._merged is not None and plain._merged is None
+    outs = []
+    for gen in (merged, plain):
+        gen.publish(trainer.model, 0)
+        torch.manual_seed(0)
+        outs.append(gen.generate([[1, 4, 11, 14, 8, 9, 17]], version=0, num_generations=8,
+                                 max_new_tokens=5, temperature=1.0))
+    assert outs[0].completion_ids == outs[1].completion_ids
+    for a, b in zip(outs[0].logprobs, outs[1].logprobs, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)

@@ -1,0 +1,149 @@
+"""The live dashboard, the pipeline plot and the recipe's diagnosis rule, on synthetic records."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+
+from grpo_lab.dashboard import Dashboard, diagnose, plot_pipeline
+from grpo_lab.metrics import MetricsLogger
+
+
+def run_records(regime: str, steps: int = 30) -> list[dict]:
+    """Metrics as AsyncGRPOTrainer logs them, in one of three regimes (queue max 8)."""
+    records = []
+    for step in range(1, steps + 1):
+        r = {"step": step, "reward": 0.1 + 0.01 * step, "ratio": 1.0, "perf/weight_sync_s": 0.1,
+             "sample/staleness_mean": 1.5, "sample/staleness_max": 3,
+             "sample/rollout_queue_maxsize": 8, "rollout/generated_tok_s": 900.0}
+        if regime == "trainer":  # full queue, no wait, the worker blocked on a full buffer
+            r.update({"sample/rollout_queue_size": 8, "perf/rollout_wait_s": 0.0,
+                      "rollout/backpressure_s": 1.5, "perf/fwd_bwd_s": 1.9, "perf/step_s": 2.0})
+        elif regime == "generation":  # empty queue, growing wait, no backpressure
+            wait = 0.5 + 0.05 * step
+            r.update({"sample/rollout_queue_size": 0, "perf/rollout_wait_s": wait,
+                      "rollout/backpressure_s": 0.0, "perf/fwd_bwd_s": 0.5, "perf/step_s": 0.6 + wait})
+        else:  # balanced: half full, neither side waits long
+            r.update({"sample/rollout_queue_size": 4, "perf/rollout_wait_s": 0.02,
+                      "rollout/backpressure_s": 0.03, "perf/fwd_bwd_s": 0.9, "perf/step_s": 1.0})
+        records.append(r)
+    return records
+
+
+@pytest.mark.parametrize("regime", ["trainer", "generation", "balanced"])
+def test_diagnosis_names_the_slow_side(regime):
+    bottleneck, verdict, numbers = diagnose(run_records(regime))
+    assert bottleneck == regime
+    expected = {"trainer": "trainer too slow", "generation": "generation too slow",
+                "balanced": "neither side"}[regime]
+    assert verdict.startswith(expected)
+    assert numbers["steps"] == 20  # the window
+    if regime == "trainer":
+        assert numbers["queue_fill"] == 1.0 and numbers["rollout_wait_s"] == 0.0
+        assert numbers["held_back_share"] == pytest.approx(0.75)
+    if regime == "generation":
+        assert numbers["queue_fill"] == 0.0 and numbers["wait_slope_s"] == pytest.approx(0.05)
+        assert numbers["backpressure_s"] == 0.0
+
+
+def test_admission_waits_count_as_backpressure():
+    """A trainer-bound run whose worker waits for newer policies instead of a full buffer."""
+    records = run_records("trainer")
+    for r in records:
+        r["rollout/version_wait_s"], r["rollout/backpressure_s"] = r["rollout/backpressure_s"], 0.0
+    assert diagnose(records).bottleneck == "trainer"
+
+
+def test_diagnosis_without_pipeline_metrics():
+    assert diagnose([{"step": 1, "reward": 0.2}]).bottleneck == "unknown"
+    assert diagnose([]).numbers == {}
+
+
+def test_update_headless_prints_a_throttled_status_line():
+    out = io.StringIO()
+    stats = {"routed": [31928, 32800], "affinity": 54712, "spilled": 820, "unmatched": 9196}
+    dash = Dashboard(notebook=False, stream=out, min_interval_s=60, stats=lambda: stats)
+    for record in run_records("trainer"):
+        dash.update(record)  # usable as a trainer callback
+    assert dash.renders == 1 and len(dash.records) == 30  # the first step drew, the rest waited
+    dash.flush()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("step 1 |")
+    last = lines[-1]
+    for part in ("step 30", "reward 0.400", "ratio 1.0000", "staleness 1.5/3", "queue 8/8",
+                 "wait 0.00s", "backpressure 1.50s", "trainer too slow",
+                 "router affinity 54712 spilled 820 unmatched 9196 routed [31928, 32800]"):
+        assert part in last, part
+
+    def broken():
+        raise ConnectionRefusedError
+
+    dash = Dashboard(notebook=False, stream=out, stats=broken)
+    dash.update(run_records("balanced")[0])
+    assert out.getvalue().splitlines()[-1].endswith("router stats unavailable (ConnectionRefusedError)")
+
+
+def test_notebook_panel_renders_a_png():
+    dash = Dashboard(notebook=True, min_interval_s=0, max_busy=None,
+                     stats=lambda: {"router": {"affinity": 5, "spilled": 1, "unmatched": 2}})
+    for record in run_records("generation", steps=2):
+        dash.update(record)  # unthrottled: each update redraws
+    assert dash.renders == 2 and bytes(dash._image.value).startswith(b"\x89PNG")
+    assert "generation too slow" in dash._text.value
+    titles = [ax.get_title() for ax in dash.figure(router={"affinity": 1}).axes]
+    assert titles[:3] == ["reward", "ratio (pi_theta / pi_old)", "router"]
+
+
+def test_follow_tails_a_metrics_file_written_while_it_reads(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = run_records("balanced", steps=12)
+    finished = threading.Event()
+
+    def writer():
+        with path.open("w") as f:
+            for record in records:
+                text = json.dumps(record) + "\n"
+                f.write(text[:10])  # half a line first: the reader must wait for the rest
+                f.flush()
+                time.sleep(0.005)
+                f.write(text[10:])
+                f.flush()
+        finished.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    dash = Dashboard(notebook=False, stream=io.StringIO(), min_interval_s=0)
+    count = dash.follow(tmp_path, until=finished.is_set, poll_s=0.01, timeout_s=30)
+    thread.join()
+    assert count == 12 and dash.records == records
+
+    more = Dashboard(notebook=False, stream=io.StringIO())
+    follower = more.follow(path, background=True, poll_s=0.01)
+    with path.open("a") as f:
+        f.write(json.dumps({"step": 13, "reward": 1.0}) + "\n")
+    follower.stop()
+    assert not follower.running() and more.records[-1] == {"step": 13, "reward": 1.0}
+    assert len(more.records) == 13
+
+
+def test_plot_pipeline_reads_a_run_folder(tmp_path):
+    import matplotlib.pyplot as plt
+
+    logger = MetricsLogger(tmp_path / "metrics.jsonl")
+    for record in run_records("generation"):
+        logger.log(record)
+    fig = plot_pipeline(tmp_path)
+    try:
+        assert [ax.get_title() for ax in fig.axes] == [
+            "step time (s)", "rollout wait vs backpressure (s)", "rollout queue size vs max",
+            "staleness (versions)", "weight sync (s)", "generated tokens / s"]
+        labels = {ax.get_title(): [line.get_label() for line in ax.lines] for ax in fig.axes}
+        assert labels["rollout queue size vs max"] == ["rollout_queue_size", "rollout_queue_maxsize"]
+        assert labels["staleness (versions)"] == ["staleness_mean", "staleness_max"]
+        assert fig._suptitle.get_text().startswith("generation too slow")
+    finally:
+        plt.close(fig)

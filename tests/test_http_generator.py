@@ -1,0 +1,93 @@
+"""`HTTPGenerator`: the weight sync through a bucket and sampling over HTTP, against a real
+server process; and a few GRPO steps whose rollouts all come from that server."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpo_lab.bucket import AdapterBucket
+from grpo_lab.generators import Generator
+from grpo_lab.grpo_loss import policy_logprobs
+from grpo_lab.http_generator import HTTPGenerator
+from grpo_lab.server import start_server_process
+from grpo_lab.trainer import pad_left, pad_right
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=4,
+                              logprobs_mode="processed_logprobs") as process:
+        yield process
+
+
+@pytest.fixture
+def peft_model(tiny_model_and_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=1, lora_alpha=2, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(copy.deepcopy(tiny_model_and_tokenizer[0]), config).eval()
+
+
+def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_path, peft_model,
+                                                                 tiny_model_and_tokenizer):
+    tokenizer = tiny_model_and_tokenizer[1]
+    bucket = AdapterBucket(tmp_path / "lora", max_staleness=1)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=1, seed=0)
+    try:
+        assert isinstance(generator, Generator)
+        for version in range(4):  # each version a different adapter
+            with torch.no_grad():
+                for name, param in peft_model.named_parameters():
+                    if "lora_B" in name:
+                        param.add_(torch.randn(param.shape) * 0.05)
+            generator.publish(peft_model, version)
+            names = [m["id"] for m in generator.client.models()][1:]
+            # max_staleness + 1 versions stay loaded; the bucket keeps one more on disk.
+            assert names == [f"policy-v{v}" for v in range(max(0, version - 1), version + 1)]
+            assert bucket.versions() == list(range(max(0, version - 2), version + 1))
+        assert generator.latest_version == 3
+        assert [s["version"] for s in generator.syncs] == [0, 1, 2, 3]
+        assert all(s["bytes"] > 0 and s["sync_s"] >= s["load_s"] for s in generator.syncs)
+
+        prompts = [tokenizer(t)["input_ids"] for t in ("12+34=", "7+8=", "99+1=")]
+        out = generator.generate(prompts, version=3, num_generations=4, max_new_tokens=5,
+                                 temperature=0.7)
+        assert out.prompt_ids == [p for p in prompts for _ in range(4)]  # prompt-major
+        p_ids, p_mask = pad_left(out.prompt_ids, tokenizer.pad_token_id)
+        c_ids, c_mask = pad_right(out.completion_ids, tokenizer.pad_token_id)
+        served, _ = pad_right(out.logprobs, 0.0)
+        with torch.no_grad():
+            trainer = policy_logprobs(peft_model, p_ids, p_mask, c_ids, c_mask, 0.7)
+        assert ((torch.exp(trainer - served.float()) - 1).abs() * c_mask).max() < 1e-3
+        with pytest.raises(KeyError, match="policy-v0"):  # unloaded two syncs ago
+            generator.generate(prompts, version=0, num_generations=1, max_new_tokens=2,
+                               temperature=1.0)
+    finally:
+        generator.close()
+
+
+def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer):
+    from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    torch.set_num_threads(1)
+    model, tokenizer = tiny_model_and_tokenizer
+    config = AsyncGRPOConfig(steps=3, prompts_per_step=4, num_generations=4, eval_size=16,
+                             eval_every=0, progress=False, log_every=100, asynchronous=False,
+                             lora_rank=1, max_staleness=0)
+    bucket = AdapterBucket(tmp_path / "lora", prefix="run1", max_staleness=0)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0)
+    try:
+        trainer = AsyncGRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer,
+                                   generator=generator)
+        records = [r for r in trainer.train() if r["step"] > 0]
+        assert len(records) == 3
+        for record in records:  # staleness 0, one update per batch: the ratio is exactly 1
+            assert abs(record["ratio"] - 1) < 1e-3, record
+        assert generator.latest_version == 3
+        loaded = [m["id"] for m in generator.client.models() if m["id"].startswith("run1-")]
+        assert loaded == ["run1-v3"] and bucket.versions() == [2, 3]
+    finally:
+        generator.close()

@@ -1,0 +1,226 @@
+"""The proxy's lean HTTP/1.1 client (grpo_lab.http_pool) against scripted raw TCP servers:
+every framing an upstream may use, keep-alive reuse, and every way an answer can go wrong."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from proxy_stubs import run
+
+from grpo_lab.http_pool import (
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectionPool,
+    InvalidResponse,
+    ResponseTimeout,
+)
+
+
+async def scripted_server(answer):
+    """A TCP server whose `answer(request_bytes, writer)` coroutine replies to each request.
+    Returns (server, url, list of connections seen, list of requests seen)."""
+    conns, requests = [], []
+
+    async def handle(reader, writer):
+        conns.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+                requests.append(head + body)
+                if await answer(head + body, writer) == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", conns, requests
+
+
+def reply(status: str, headers: list[str], body: bytes) -> bytes:
+    return (f"HTTP/1.1 {status}\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode() \
+        + body
+
+
+def test_framings_keep_alive_and_headers():
+    async def body():
+        script = iter([
+            reply("200 OK", ["Content-Type: application/json", "Content-Length: 11"],
+                  b'{"a": 1234}'),
+            reply("100 Continue", [], b"") + reply(
+                "404 Not Found", ["Content-Length: 2"], b"{}"),
+            reply("200 OK", ["Transfer-Encoding: chunked"],
+                  b"4;ext=1\r\n{\"b\"\r\n3\r\n: 2\r\n1\r\n}\r\n0\r\nX-Trailer: 1\r\n\r\n"),
+            reply("200 OK", ["Connection: close"], b'{"until": "eof"}'),
+        ])
+
+        async def answer(request, writer):
+            data = next(script)
+            writer.write(data)
+            await writer.drain()
+            return "close" if b"Connection: close" in data else None
+
+        server, url, conns, requests = await scripted_server(answer)
+        pool = ConnectionPool(limit=4, headers={"Authorization": "Bearer tok"})
+        try:
+            assert await pool.post(url + "/v1/completions", b"{}", 5) == (
+                200, b'{"a": 1234}', "application/json")
+            status, data, _ = await pool.post(url + "/v1/completions?x=1", b"{}", 5)
+            assert (status, data) == (404, b"{}")  # the 100 Continue was skipped
+            assert (await pool.post(url + "/v1/completions", b"{}", 5))[1] == b'{"b": 2}'
+            assert (await pool.post(url + "/v1/completions", b"{}", 5))[1] == b'{"until": "eof"}'
+            assert len(conns) == 1  # one connection kept alive for all four answers
+            assert requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\n")
+            assert requests[1].startswith(b"POST /v1/completions?x=1 HTTP/1.1\r\n")
+            assert b"Authorization: Bearer tok\r\n" in requests[0]
+            assert b"Content-Type: application/json\r\n" in requests[0]
+            # the server closed after the close-delimited answer: the next one reconnects
+            script = iter([reply("200 OK", ["Content-Length: 2"], b"{}")])
+            assert (await pool.post(url + "/v1/completions", b"{}", 5))[1] == b"{}"
+            assert len(conns) == 2
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+
+    run(body(), 30)
+
+
+@pytest.mark.parametrize("bad, error", [
+    (b"NOT HTTP AT ALL\r\n\r\n", InvalidResponse),
+    (b"HTTP/1.1 2x0 OK\r\n\r\n", InvalidResponse),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"trunc", ConnectionClosed),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", InvalidResponse),
+    (b"", ConnectionClosed),
+])
+def test_broken_answers_raise_and_drop_the_connection(bad, error):
+    async def body():
+        async def answer(request, writer):
+            writer.write(bad)
+            await writer.drain()
+            return "close"
+
+        server, url, conns, _ = await scripted_server(answer)
+        pool = ConnectionPool()
+        try:
+            with pytest.raises(error):
+                await pool.post(url + "/x", b"{}", 5)
+            assert not pool._open  # nothing left open
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+
+    run(body(), 30)
+
+
+def test_timeout_cancel_and_refused_connection():
+    async def body():
+        async def never(request, writer):
+            await asyncio.sleep(3600)
+
+        server, url, conns, _ = await scripted_server(never)
+        pool = ConnectionPool(connect_timeout_s=1)
+        try:
+            with pytest.raises(ResponseTimeout):
+                await pool.post(url + "/x", b"{}", 0.2)
+            task = asyncio.ensure_future(pool.post(url + "/x", b"{}", 30))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not pool._open and pool._slots._value == 1024  # slots given back
+        finally:
+            pool.close()
+            server.close()
+        with socket_port() as port:
+            with pytest.raises(ConnectFailed):
+                await pool.post(f"http://127.0.0.1:{port}/x", b"{}", 5)
+
+    run(body(), 30)
+
+
+class socket_port:
+    """A local port with nothing listening on it."""
+
+    def __enter__(self):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_connection_limit_queues_requests():
+    async def body():
+        active = peak = 0
+
+        async def slow(request, writer):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.05)
+            active -= 1
+            writer.write(reply("200 OK", ["Content-Length: 2"], b"{}"))
+            await writer.drain()
+
+        server, url, conns, _ = await scripted_server(slow)
+        pool = ConnectionPool(limit=3)
+        try:
+            results = await asyncio.gather(*(pool.post(url + "/x", b"{}", 5) for _ in range(12)))
+            assert all(r[0] == 200 for r in results)
+            assert peak == 3 and len(conns) == 3  # never more than 3 at once, connections reused
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+
+    run(body(), 30)
+
+
+def test_https_upstreams(tmp_path):
+    """TLS to an upstream (exposed HF Jobs ports are https://), with a self-signed certificate."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
+
+    async def body():
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(reply("200 OK", ["Content-Length: 9"], b'{"tls":1}'))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        pool = ConnectionPool(ssl_context=ssl.create_default_context(cafile=str(cert)))
+        try:
+            assert await pool.post(f"https://localhost:{port}/x", b"{}", 10) == (
+                200, b'{"tls":1}', "application/json")
+            with pytest.raises(ConnectFailed):  # the system's CAs do not trust it
+                await ConnectionPool().post(f"https://localhost:{port}/x", b"{}", 10)
+        finally:
+            pool.close()
+            server.close()
+
+    run(body(), 60)

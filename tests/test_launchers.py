@@ -1,0 +1,438 @@
+"""Job specs, the local launcher (real processes, small stand-ins) and the HF Jobs launcher
+(through a fake `run_job`: no network, no token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from huggingface_hub import Volume
+
+from grpo_lab.cli import field_docs, main
+from grpo_lab.dashboard import _router_counters, proxy_stats
+from grpo_lab.jobs import BucketMount, JobSpec, RecipeConfig, RunPlan, free_port, recipe_plan
+from grpo_lab.launchers import (
+    HfJobsLauncher,
+    LaunchError,
+    LocalLauncher,
+    _main,
+    group_members,
+    hf_jobs_commands,
+    is_alive,
+)
+
+PY = sys.executable
+# A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores
+# SIGTERM (its pid goes to PIDFILE), then serves /health on PORT (0 = never listens).
+DUMMY = textwrap.dedent("""
+    import http.server, subprocess, sys, time
+    port, pidfile, lines = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    for i in range(lines):
+        print(f"log line {i}", flush=True)
+    if pidfile != "-":
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+        open(pidfile, "w").write(str(child.pid))
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    if port:
+        http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    time.sleep(120)
+""")
+
+
+def server_job(name, port=None, pidfile="-", lines=0, health_timeout_s=20.0, **kw) -> JobSpec:
+    port = free_port() if port is None else port
+    return JobSpec(name=name, command=[PY, "-c", DUMMY, str(port), str(pidfile), str(lines)],
+                   health_url=f"http://127.0.0.1:{port}/health",
+                   health_timeout_s=health_timeout_s, **kw)
+
+
+def wait_dead(pids, timeout_s=10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(is_alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def assert_no_orphans(launcher: LocalLauncher, extra_pids=()):
+    for name, proc in launcher.procs.items():
+        assert proc.poll() is not None, f"{name} still running"
+        assert group_members(proc.pid) == [], f"{name}'s process group still has members"
+    assert wait_dead(extra_pids, 2.0), "a grandchild survived"
+
+
+@pytest.fixture
+def kill_on_failure():
+    """Processes a test started outside a launcher: killed by group whatever happens."""
+    pgids: list[int] = []
+    yield pgids
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# --------------------------------------------------------------------------------- local launcher
+
+def test_jobs_start_in_order_and_stop_with_their_whole_process_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    a = server_job("a", pidfile=pidfile, lines=3)
+    # b refuses to start unless a already answers: checks the dependency order
+    b_port = free_port()
+    check = (f"import urllib.request; urllib.request.urlopen({a.health_url!r}, timeout=2); "
+             f"exec(open({str(tmp_path / 'dummy.py')!r}).read())")
+    (tmp_path / "dummy.py").write_text(DUMMY)
+    b = JobSpec(name="b", command=[PY, "-c", check, str(b_port), "-", "0"], depends_on=["a"],
+                health_url=f"http://127.0.0.1:{b_port}/health", health_timeout_s=20)
+    plan = RunPlan([a, b], name="t")
+    assert [[j.name for j in wave] for wave in plan.waves()] == [["a"], ["b"]]
+    with LocalLauncher(plan, tmp_path / "run", grace_s=1.0) as run:
+        status = run.status()
+        assert status["a"].startswith("running") and status["b"].startswith("running")
+        grandchild = int(pidfile.read_text())
+        assert is_alive(grandchild)
+        assert run.logs("a", tail=2) == "log line 1\nlog line 2"
+        assert json.loads((tmp_path / "run" / "plan.json").read_text())["name"] == "t"
+    # the grandchild ignores SIGTERM: only the SIGKILL after the grace period ends it
+    assert_no_orphans(run, [grandchild])
+    assert run.status() == {"a": "stopped", "b": "stopped"}
+
+
+def test_a_job_that_never_becomes_healthy_fails_with_its_log_tail(tmp_path):
+    first = server_job("first")
+    silent = server_job("silent", port=0, lines=100, health_timeout_s=1.0)
+    silent.health_url = f"http://127.0.0.1:{free_port()}/health"  # nobody listens there
+    launcher = LocalLauncher(RunPlan([first, silent]), tmp_path, grace_s=1.0)
+    with pytest.raises(LaunchError) as err:
+        launcher.start()
+    message = str(err.value)
+    assert "'silent'" in message and "not healthy after 1 s" in message
+    assert re.search(r"\blog line 99\b", message) and re.search(r"\blog line 60\b", message)
+    assert not re.search(r"\blog line 59\b", message)  # the last 40 lines only
+    assert_no_orphans(launcher)  # `first` was healthy, and is stopped too
+
+
+def test_a_job_that_crashes_fails_with_its_exit_code_and_log(tmp_path):
+    crash = JobSpec(name="crash", command=[PY, "-c", "print('boom: bad flag'); exit(3)"],
+                    health_url=f"http://127.0.0.1:{free_port()}/health", health_timeout_s=20)
+    launcher = LocalLauncher(RunPlan([server_job("ok"), crash]), tmp_path, grace_s=1.0)
+    with pytest.raises(LaunchError, match=r"(?s)'crash' exited with code 3.*boom: bad flag"):
+        launcher.start()
+    assert_no_orphans(launcher)
+    assert launcher.status()["crash"] == "failed (code 3)"
+
+
+def test_no_orphans_when_the_body_raises(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    with pytest.raises(RuntimeError, match="the notebook cell failed"):
+        with LocalLauncher(RunPlan([server_job("a", pidfile=pidfile)]), tmp_path, grace_s=1.0) as run:
+            raise RuntimeError("the notebook cell failed")
+    assert_no_orphans(run, [int(pidfile.read_text())])
+
+
+def test_wait_returns_the_exit_code_and_notices_a_dying_dependency(tmp_path):
+    done = JobSpec(name="done", command=[PY, "-c", "import time; time.sleep(0.3)"], depends_on=["a"])
+    with LocalLauncher(RunPlan([server_job("a"), done]), tmp_path / "1", grace_s=1.0) as run:
+        assert run.wait("done", timeout_s=20) == 0
+        assert run.status()["done"] == "exited (0)"
+    sleeper = JobSpec(name="trainer", command=[PY, "-c", "import time; time.sleep(60)"])
+    with LocalLauncher(RunPlan([server_job("replica"), sleeper]), tmp_path / "2", grace_s=1.0) as run:
+        os.killpg(run.procs["replica"].pid, signal.SIGKILL)
+        with pytest.raises(LaunchError, match="'replica' exited with code -9 while waiting for 'trainer'"):
+            run.wait("trainer", timeout_s=20)
+    assert_no_orphans(run)
+
+
+def test_missing_secret_or_unmountable_bucket_starts_nothing(tmp_path):
+    job = server_job("a", secrets=["GRPO_LAB_TEST_SECRET"])
+    launcher = LocalLauncher(RunPlan([job]), tmp_path, environ={})
+    with pytest.raises(LaunchError, match="GRPO_LAB_TEST_SECRET"):
+        launcher.start()
+    assert launcher.procs == {}
+    mounted = server_job("b", volumes=[BucketMount(str(tmp_path / "bucket"), "/lora")])
+    launcher = LocalLauncher(RunPlan([mounted]), tmp_path)
+    with pytest.raises(LaunchError, match="cannot mount"):
+        launcher.start()
+    assert launcher.procs == {}
+
+
+LAUNCHER_SCRIPT = textwrap.dedent("""
+    import sys, threading, time
+    from grpo_lab.jobs import JobSpec, RunPlan
+    from grpo_lab.launchers import LocalLauncher
+    job = JobSpec(name="a", command=[sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4], "0"],
+                  health_url=f"http://127.0.0.1:{sys.argv[3]}/health", health_timeout_s=20)
+    keep = []
+    def start():
+        keep.append(LocalLauncher(RunPlan([job]), sys.argv[5], grace_s=1.0).start())
+    if sys.argv[1] == "killed":   # main thread, then SIGKILLed: PR_SET_PDEATHSIG
+        start()
+        print(keep[0].procs["a"].pid, flush=True)
+        time.sleep(60)
+    else:                         # another thread (no PDEATHSIG), then a normal exit: finalizer
+        thread = threading.Thread(target=start)
+        thread.start(); thread.join()
+        print(keep[0].procs["a"].pid, flush=True)
+""")
+
+
+@pytest.mark.parametrize("how", ["exits", "killed"])
+def test_no_orphans_when_the_launching_process_goes_away(tmp_path, how, kill_on_failure):
+    """A kernel restart: a normal interpreter exit runs the finalizer; a SIGKILLed kernel
+    runs nothing, so the job's own PR_SET_PDEATHSIG ends it."""
+    pidfile = tmp_path / "grandchild.pid"
+    grandchild_file = pidfile if how == "exits" else "-"
+    proc = subprocess.Popen([PY, "-c", LAUNCHER_SCRIPT, how, DUMMY, str(free_port()), str(grandchild_file),
+                             str(tmp_path / "run")], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    kill_on_failure.append(proc.pid)
+    try:
+        job_pid = int(proc.stdout.readline())
+        kill_on_failure.append(job_pid)  # its process group
+        if how == "killed":
+            assert is_alive(job_pid)
+            proc.kill()
+        proc.wait(timeout=30)
+        # exits: the finalizer stops the whole group; killed: the kernel SIGTERMs the job
+        # itself (its own children are its business then: vLLM's engine core watches its parent)
+        assert wait_dead([job_pid], 10)
+        if how == "exits":
+            assert wait_dead([int(pidfile.read_text())], 2) and group_members(job_pid) == []
+    finally:
+        proc.stdout.close()
+
+
+def test_wait_healthy_cli_fails_fast_without_a_server():
+    assert _main(["wait-healthy", f"http://127.0.0.1:{free_port()}/health", "--timeout-s", "0.3"]) == 1
+
+
+# ------------------------------------------------------------------------------------ the plans
+
+def test_local_recipe_plan(tmp_path):
+    plan = recipe_plan(bucket=str(tmp_path / "bucket"), run_name="r1")
+    assert plan.names == ["replica-0", "replica-1", "proxy", "trainer"]
+    assert [[j.name for j in w] for w in plan.waves()] == [["replica-0", "replica-1"], ["proxy"], ["trainer"]]
+    mount = str(tmp_path / "bucket")
+    for name in ("replica-0", "replica-1"):
+        job = plan[name]
+        assert job.volumes == [BucketMount(mount, mount, read_only=True)]
+        assert job.command[1:5] == ["-m", "grpo_lab.cli", "serve", "tiny"]
+        assert shlex.join(job.command).count("--enable-lora --max-lora-rank 1 --max-loras 6 "
+                                             "--logprobs-mode processed_logprobs") == 1
+        assert job.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == job.env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert job.health_url == f"http://127.0.0.1:{job.ports[0]}/health"
+    upstreams = [f"http://127.0.0.1:{plan[n].ports[0]}" for n in ("replica-0", "replica-1")]
+    proxy = plan["proxy"].command
+    assert proxy[3:4] == ["proxy"] and [proxy[i + 1] for i, a in enumerate(proxy) if a == "--upstream"] == upstreams
+    trainer = plan["trainer"]
+    assert trainer.volumes == [BucketMount(mount, mount, read_only=False)]
+    assert trainer.command[3] == "train-async" and f"{mount}/r1" in trainer.command
+    assert f"http://127.0.0.1:{plan['proxy'].ports[0]}" in trainer.command
+    command = recipe_plan(max_staleness=1, run_name="x", bucket=mount)["replica-0"].command
+    assert command[command.index("--max-loras") + 1] == "3"  # max_staleness + 2
+
+
+def test_local_recipe_replica_and_proxy_are_real_grpo_lab_servers(tmp_path, tiny_model_dir):
+    """The plan's flags reach `grpo-lab serve` (LoRA slots = max_staleness + 2, rank 1) and
+    `grpo-lab proxy`, which answers for the replica; the dashboard reads its counters."""
+    plan = recipe_plan(bucket=str(tmp_path / "bucket"), run_name="r", replicas=1,
+                       health_timeout_s=120)
+    proxy_url = plan["proxy"].health_url.removesuffix("/health")
+    with LocalLauncher(plan.only("replica-0", "proxy"), tmp_path / "run", grace_s=5) as run:
+        with urllib.request.urlopen(f"{proxy_url}/server_info?config_format=json", timeout=10) as r:
+            config = json.loads(r.read())["vllm_config"]
+        counters = _router_counters(proxy_stats(proxy_url))
+        assert all(s.startswith("running") for s in run.status().values())
+    assert config["lora_config"]["max_loras"] == 6 and config["lora_config"]["max_lora_rank"] == 1
+    assert config["model_config"]["logprobs_mode"] == "processed_logprobs"
+    assert config["grpo_lab"]["allowed_lora_root"] == str(tmp_path / "bucket")
+    assert counters == {"affinity": 0, "spilled": 0, "unmatched": 0, "routed": [0]}
+    assert run.status() == {"replica-0": "stopped", "proxy": "stopped"}
+    assert_no_orphans(run)
+
+
+def test_plan_validation():
+    for cls in (RecipeConfig, JobSpec, BucketMount):  # one copy of the help text, for every flag
+        assert set(field_docs(cls)) == set(cls.__dataclass_fields__), cls
+    with pytest.raises(ValueError, match="not earlier in the plan"):
+        RunPlan([JobSpec(name="t", command=["x"], depends_on=["r"]), JobSpec(name="r", command=["x"])])
+    with pytest.raises(ValueError, match="HF Jobs need a Storage Bucket"):
+        recipe_plan(backend="hf-jobs")
+    with pytest.raises(ValueError, match="absolute"):
+        BucketMount("hf://buckets/me/b", "lora")
+
+
+# ------------------------------------------------------------------------------------- HF Jobs
+
+BUCKET = "hf://buckets/me/grpo-lora"
+TOKEN = "hf_fake_token_for_tests"
+
+
+def blog_plan():
+    """The blog's GPU setup: Qwen2.5-Math-1.5B, rank 1, two H200 replicas."""
+    return recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="blog")
+
+
+class FakeJobs:
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.cancelled, self.fail_at = [], [], fail_at
+
+    def run_job(self, **kwargs):
+        self.calls.append(kwargs)
+        if len(self.calls) == self.fail_at:
+            raise RuntimeError("402 Payment Required")
+        job_id = f"{len(self.calls):024x}"
+        urls = [f"https://{job_id}--{p}.hf.jobs" for p in kwargs["expose"] or []]
+        return SimpleNamespace(id=job_id, url=f"https://huggingface.co/jobs/me/{job_id}",
+                               status=SimpleNamespace(expose_urls=urls or None))
+
+    def cancel_job(self, **kwargs):
+        self.cancelled.append(kwargs["job_id"])
+
+
+def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
+    fake = FakeJobs()
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, cancel_job=fake.cancel_job,
+                              environ={"HF_TOKEN": TOKEN})
+    launcher.submit()
+    replica_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
+                   "PYTHONUNBUFFERED": "1"}
+    for i, call in enumerate(fake.calls[:2]):
+        assert call == {
+            "image": "vllm/vllm-openai:v0.27.1",
+            "command": ["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B", "--host", "0.0.0.0",
+                        "--port", "8000", "--enable-lora", "--max-lora-rank", "1",
+                        "--max-loras", "6", "--logprobs-mode", "processed_logprobs",
+                        "--generation-config", "vllm"],
+            "env": replica_env,
+            "secrets": {"HF_TOKEN": TOKEN},
+            "flavor": "h200",
+            "timeout": "4h",
+            "name": f"blog-replica-{i}",
+            "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=True)],
+            "expose": [8000],
+        }
+    trainer = fake.calls[2]
+    script = trainer.pop("command")
+    assert trainer == {
+        "image": "vllm/vllm-openai:v0.27.1", "env": {"PYTHONUNBUFFERED": "1"},
+        "secrets": {"HF_TOKEN": TOKEN}, "flavor": "h200", "timeout": "4h", "name": "blog-trainer",
+        "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=False)],
+        "expose": None,
+    }
+    assert script[:2] == ["bash", "-c"]
+    proxy_line = next(line for line in script[2].splitlines() if line.startswith("grpo-lab proxy"))
+    assert proxy_line == ("grpo-lab proxy --host 127.0.0.1 --port 8000 "
+                          f"--upstream https://{1:024x}--8000.hf.jobs "
+                          f"--upstream https://{2:024x}--8000.hf.jobs --upstream-token-env HF_TOKEN &")
+    assert "exec grpo-lab train-async --model Qwen/Qwen2.5-Math-1.5B --server-url " \
+           "http://127.0.0.1:8000 --output-dir /lora/blog --lora-rank 1 --max-staleness 4" in script[2]
+    assert launcher.urls == {"replica-0": f"https://{1:024x}--8000.hf.jobs",
+                             "replica-1": f"https://{2:024x}--8000.hf.jobs"}
+    assert TOKEN not in blog_plan().describe() + hf_jobs_commands(blog_plan())
+
+
+def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():
+    fake = FakeJobs(fail_at=3)
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, cancel_job=fake.cancel_job,
+                              environ={"HF_TOKEN": TOKEN})
+    with pytest.raises(LaunchError, match="402"):
+        launcher.submit()
+    assert fake.cancelled == [f"{2:024x}", f"{1:024x}"]
+
+
+def test_hf_jobs_missing_token_submits_nothing():
+    fake = FakeJobs()
+    with pytest.raises(LaunchError, match="HF_TOKEN"):
+        HfJobsLauncher(blog_plan(), run_job=fake.run_job, environ={}).submit()
+    assert fake.calls == []
+
+
+def test_dry_run_prints_the_hf_jobs_run_lines(capsys):
+    assert main(["launch", "--backend", "hf-jobs", "--dry-run", "--bucket", BUCKET,
+                 "--run-name", "blog"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("hf jobs run --detach") == 3
+    assert out.count(f"-v {BUCKET}:/lora:ro") == 2 and out.count(f"-v {BUCKET}:/lora ") == 1
+    assert out.count("--secrets HF_TOKEN") == 3 and "--expose 8000" in out
+    assert "REPLICA_0_ID=$(hf jobs run --detach --quiet --name blog-replica-0 --flavor h200" in out
+    assert "--upstream https://${REPLICA_1_ID}--8000.hf.jobs" in out
+
+
+def test_local_dry_run_with_the_trainer_arguments_replaced(tmp_path, capsys):
+    assert main(["launch", "--dry-run", "--bucket", str(tmp_path), "--run-name", "r", "--replicas",
+                 "3", "--", "train-async", "--steps", "5", "--server-url", "{proxy_url}"]) == 0
+    out = capsys.readouterr().out.split("\n\n")[-1]  # after the plan: the shell lines
+    assert out.count("-m grpo_lab.cli serve tiny --host 127.0.0.1") == 3
+    proxy_port = re.search(r"grpo_lab.cli proxy --host 127.0.0.1 --port (\d+)", out).group(1)
+    assert f"grpo_lab.cli train-async --steps 5 --server-url http://127.0.0.1:{proxy_port}\n" in out
+    assert not (tmp_path / "logs").exists()  # nothing started
+
+
+def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
+    """Copy-pasteable: bash runs the printed lines against a stand-in `hf` that records its argv
+    and answers an id; each recorded job matches what `run_job` gets for the same ids."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hf").write_text(textwrap.dedent(f"""\
+        #!{PY}
+        import json, pathlib, sys
+        log = pathlib.Path({str(tmp_path / "calls.jsonl")!r})
+        calls = log.read_text().splitlines() if log.exists() else []
+        log.open("a").write(json.dumps(sys.argv[1:]) + "\\n")
+        print(f"{{len(calls) + 1:024x}}")
+    """))
+    (bin_dir / "hf").chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text("set -e\n" + hf_jobs_commands(blog_plan()) + "\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    subprocess.run(["bash", str(script)], check=True, env=env, timeout=30)
+    recorded = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    fake = FakeJobs()
+    HfJobsLauncher(blog_plan(), run_job=fake.run_job, environ={"HF_TOKEN": TOKEN}).submit()
+    assert len(recorded) == len(fake.calls) == 3
+    for argv, call in zip(recorded, fake.calls):
+        split = argv.index("--")
+        options, (image, *command) = argv[:split], argv[split + 1:]
+        assert options[:3] == ["jobs", "run", "--detach"]
+        assert image == call["image"] and command == call["command"]
+        pairs = dict(zip(options[3:], options[4:]))
+        assert pairs["--name"] == call["name"] and pairs["--flavor"] == call["flavor"]
+        assert pairs["--timeout"] == call["timeout"]
+        assert [options[i + 1] for i, o in enumerate(options) if o == "-v"] == \
+            [v.to_uri().removesuffix(":rw") for v in call["volumes"]]
+        assert [options[i + 1] for i, o in enumerate(options) if o == "-e"] == \
+            [f"{k}={v}" for k, v in call["env"].items()]
+        assert [options[i + 1] for i, o in enumerate(options) if o == "--secrets"] == list(call["secrets"])
+
+    # and the real `hf` CLI parses such a line as intended (its --dry-run: offline, no token)
+    hf = Path(PY).parent / "hf"
+    if not hf.exists() and not shutil.which("hf"):
+        return
+    argv = recorded[2]
+    argv = [*argv[:2], "--dry-run", *[a for a in argv[2:] if a != "--detach"]]
+    out = subprocess.run([str(hf) if hf.exists() else "hf", *argv], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert f"volumes  {BUCKET}:/lora" in out.stdout and "secrets  HF_TOKEN" in out.stdout
+    assert "grpo-lab proxy --host 127.0.0.1" in out.stdout
