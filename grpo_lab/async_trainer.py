@@ -27,7 +27,8 @@ trainer's thread, one stage after the other: the synchronous baseline for side-b
 
 Logged metrics (TRL's names), per step unless marked cumulative:
     perf/step_s                 wall time of the step (wait + fwd_bwd + weight sync)
-    perf/fwd_bwd_s              forward+backward+optimizer part of the step
+    perf/fwd_bwd_s              forward+backward+optimizer part of the step (with collating)
+    perf/micro_batches, perf/fwd_tokens   forward passes of the step and their input tokens
     perf/rollout_wait_s         time the trainer waited for samples (sync mode: generation time)
     perf/weight_sync_s          time to publish the weights (0 on steps without a sync)
     rollout/backpressure_s      time the worker was blocked putting into a full buffer
@@ -89,7 +90,9 @@ class AsyncGRPOConfig(GRPOConfig):
     """torch intra-op threads of the trainer."""
     trainer_idle_threads: int | None = None
     """Threads for a micro-batch that starts while the worker is not generating (blocked by
-    backpressure or admission): the trainer borrows the idle core. None = trainer_threads."""
+    backpressure or admission): the trainer borrows the idle core. None = trainer_threads.
+    Useful with a token_budget that gives 2+ micro-batches per step, on cores no other process
+    uses (a torch thread without a free core slows every op of its team)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -128,12 +131,17 @@ class ScoredGroup:
 
 
 def concat_completions(parts: list[Completions]) -> Completions:
+    """Several groups' completions as one `Completions`, in the order given."""
     return Completions(*(sum((getattr(c, f) for c in parts), []) for f in
                          ("prompt_ids", "completion_ids", "logprobs", "texts", "finish_reasons")))
 
 
 class AsyncGRPOTrainer(GRPOTrainer):
-    """GRPO with generation in a background thread. `train()` starts and stops the worker."""
+    """GRPO with generation in a background thread.
+
+    `train()` starts the worker after the initial evaluation and stops it at the end, even on
+    error. Calling `step()` directly starts it too; then call `stop_steps()` when done.
+    """
 
     config: AsyncGRPOConfig
 

@@ -2,6 +2,8 @@
 
     grpo-lab demo                    the main job: GRPO on the tiny model, summary, plots, metrics
     grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
+    grpo-lab train-async --server-url URL --output-dir DIR [--resume]
+                                     the trainer job: async LoRA GRPO against servers, a bucket
     grpo-lab build-model             build (or find) the cached tiny model and print its folder
     grpo-lab notebook 01             execute a course notebook with papermill
     grpo-lab serve tiny --enable-lora --port 8000
@@ -88,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
     demo.add_argument("--min-gain", type=float, default=None,
                       help="exit with status 1 unless greedy accuracy rises by this much (e.g. 0.15)")
-    add_config_flags(demo, defaults={"log_every": 20, "output_dir": None})
+    demo.add_argument("--jobs", choices=("none", "local"), default="local",
+                      help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
+                      "folder) as local processes; none: synchronous GRPO in this process")
+    demo.add_argument("--replicas", type=int, default=2, help="inference replicas (--jobs local)")
+    from .async_trainer import AsyncGRPOConfig
+
+    add_config_flags(demo, AsyncGRPOConfig, defaults={"log_every": 20, "output_dir": None})
 
     train = sub.add_parser("train", help="a GRPO run; every GRPOConfig field is a flag")
     add_config_flags(train)
@@ -119,8 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(proxy, ProxyConfig, exclude=("upstreams",))
 
     from .launchers import add_launch_parser
+    from .train_async import add_train_async_parser
 
     add_launch_parser(sub)
+    add_train_async_parser(sub)
     return parser
 
 
@@ -128,9 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from .demo import run_demo
+            if args.jobs == "local":
+                from .multi_job import multi_job_config, run_multi_job_demo
 
-            summary = run_demo(config_from_args(args))
+                config = multi_job_config(args)
+                summary = run_multi_job_demo(config, replicas=args.replicas,
+                                             min_gain=args.min_gain or 0.15)
+            else:
+                from .demo import run_demo
+
+                summary = run_demo(config_from_args(args))
             if args.min_gain is not None and summary["accuracy_gain"] < args.min_gain:
                 print(f"FAILED: gain {summary['accuracy_gain']:+.1%} < {args.min_gain:.0%}")
                 return 1
@@ -140,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             trainer = GRPOTrainer(config_from_args(args))
             trainer.train()
             print("greedy accuracy by step:", trainer.accuracy_history)
+        elif args.command == "train-async":
+            from .train_async import train_async_main
+
+            return train_async_main(args)
         elif args.command == "build-model":
             from .tiny_model import TinyModelRecipe, tiny_model_path
 

@@ -14,7 +14,8 @@ without touching the training loop:
     generate(prompt_ids, version=v, ...)
         one /v1/completions request per prompt, n = G, `model = "policy-vv"`, a fresh seed each,
         untruncated sampling (top_p 1, top_k 0) so the server's processed logprobs are the
-        trainer's old-policy logprobs
+        trainer's old-policy logprobs; with `retries`, a request answered 502/503/504 (a
+        replica died under it, the proxy took it out) is sent again, alone
 
 Every version has its own name: a reused name would let a server mix policies (prefix cache).
 """
@@ -30,6 +31,9 @@ from .bucket import AdapterBucket, adapter_name
 from .client import BlockingClient, ServerError
 from .generation import Completions
 
+RETRY_STATUSES = (502, 503, 504)
+"""The proxy's answers when a replica fails under a request: worth sending it again."""
+
 
 class HTTPGenerator:
     """Samples from policy versions loaded on an inference server; publishes through a bucket."""
@@ -37,7 +41,7 @@ class HTTPGenerator:
     def __init__(self, url: str, bucket: AdapterBucket, *, api_key: str | None = None,
                  max_staleness: int = 1, load_timeout_s: float = 60.0,
                  retry_every_s: float = 0.25, seed: int | None = None,
-                 request_timeout_s: float = 600.0):
+                 request_timeout_s: float = 600.0, retries: int = 0):
         self.bucket = bucket
         self.max_staleness = max_staleness
         self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
@@ -49,6 +53,11 @@ class HTTPGenerator:
         """Versions loaded on the server, oldest first."""
         self.syncs: list[dict] = []
         """Per publish: seconds of each stage and bytes written."""
+        self.retries = retries
+        """Times a completion or weight-sync call answered 502/503/504 is sent again
+        (0 = fail at once)."""
+        self.retried = 0
+        """Completion requests and weight-sync calls sent again so far."""
 
     def name(self, version: int) -> str:
         return adapter_name(version, self.bucket.prefix)
@@ -64,22 +73,22 @@ class HTTPGenerator:
         t0 = time.perf_counter()
         path = self.bucket.publish(model, version)  # 1. write + atomic rename
         t1 = time.perf_counter()
-        self.client.pause("keep")  # 2.
+        self._control(self.client.pause, "keep")  # 2.
         try:
             t2 = time.perf_counter()
-            self.client.load_lora_adapter(self.name(version), str(path),  # 3.
-                                          retry_not_found_s=self.load_timeout_s,
-                                          retry_every_s=self.retry_every_s)
+            self._control(self.client.load_lora_adapter, self.name(version), str(path),  # 3.
+                          retry_not_found_s=self.load_timeout_s,
+                          retry_every_s=self.retry_every_s)
             t3 = time.perf_counter()
         finally:
-            self.client.resume()  # 4.
+            self._control(self.client.resume)  # 4.
         t4 = time.perf_counter()
         with self._lock:
             self._latest = version
             self.loaded.append(version)
             retire = [v for v in self.loaded if v < version - self.max_staleness]
         for old in retire:  # 5.
-            self.client.unload_lora_adapter(self.name(old))
+            self._control(self.client.unload_lora_adapter, self.name(old), unload=True)
             self.bucket.mark_unloaded(old)
             with self._lock:
                 self.loaded.remove(old)
@@ -88,12 +97,44 @@ class HTTPGenerator:
                            "publish_s": t1 - t0, "pause_s": t2 - t1, "load_s": t3 - t2,
                            "resume_s": t4 - t3, "unload_s": t5 - t4, "sync_s": t5 - t0})
 
+    def _control(self, call, *args, unload: bool = False, **kwargs):
+        """A weight-sync call, sent again (up to `retries` times, a second apart) while the
+        proxy answers 502/503/504: a replica died and the proxy is taking it out. A retried
+        unload may find the name already gone where it ran before (404): that is done."""
+        for attempt in range(self.retries + 1):
+            try:
+                return call(*args, **kwargs)
+            except ServerError as exc:
+                if unload and attempt and exc.status == 404:
+                    return None
+                if exc.status not in RETRY_STATUSES or attempt == self.retries:
+                    raise
+                self.retried += 1
+                time.sleep(1.0)
+
     async def _generate(self, prompt_ids, name, n, max_new_tokens, temperature, seeds):
-        requests = [self.client.client.completions(
-            ids, model=name, n=n, max_tokens=max_new_tokens, temperature=temperature,
-            top_p=1.0, top_k=0, seed=seed, logprobs=0, return_token_ids=True)
-            for ids, seed in zip(prompt_ids, seeds, strict=True)]
-        return await asyncio.gather(*requests)
+        """One request per prompt. A request the server (or proxy) answers 502/503/504 (a
+        replica went down under it) is sent again, up to `retries` times; the answers that
+        came back are kept, so no prompt is ever counted twice."""
+        replies: list = [None] * len(prompt_ids)
+        for attempt in range(self.retries + 1):
+            todo = [i for i, reply in enumerate(replies) if reply is None]
+            results = await asyncio.gather(*(self.client.client.completions(
+                prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
+                temperature=temperature, top_p=1.0, top_k=0, seed=seeds[i], logprobs=0,
+                return_token_ids=True) for i in todo), return_exceptions=True)
+            for i, result in zip(todo, results, strict=True):
+                if (isinstance(result, ServerError) and result.status in RETRY_STATUSES
+                        and attempt < self.retries):
+                    self.retried += 1
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    replies[i] = result
+            if all(reply is not None for reply in replies):
+                return replies
+            await asyncio.sleep(self.retry_every_s)
+        raise AssertionError("unreachable")
 
     def generate(self, prompt_ids, *, version, num_generations, max_new_tokens,
                  temperature) -> Completions:

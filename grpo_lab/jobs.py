@@ -215,8 +215,10 @@ class RunPlan:
 DEFAULT_TRAINER_ARGS = (
     "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
     "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
-    "--max-staleness", "{max_staleness}",
+    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters", "--resume",
 )
+"""`grpo-lab train-async` (grpo_lab.train_async). `--resume` makes a restarted trainer job (a
+preemption) continue from its newest checkpoint; on a first start there is none."""
 
 
 @dataclass

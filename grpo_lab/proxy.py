@@ -8,8 +8,8 @@ of several replicas"; docs/recipe.md, "The proxy"):
 
     POST /v1/completions, /v1/chat/completions  each prompt to one replica (grpo_lab.router);
                                                 the answer names it in `X-Proxy-Upstream`
-    POST /pause, /resume                        sent to every replica
-    POST /v1/load_lora_adapter                  every replica or none (grpo_lab.broadcast)
+    POST /pause, /resume                        sent to every replica in routing
+    POST /v1/load_lora_adapter                  every replica in routing or none (grpo_lab.broadcast)
     POST /v1/unload_lora_adapter                every replica
     GET  /health                                200 only if every replica answers 200
     GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
@@ -564,14 +564,34 @@ class Proxy:
         result = await asyncio.shield(asyncio.ensure_future(self._adapter_op(load, name, body)))
         return self._broadcast_answer(result)
 
+    def _up(self) -> list[str]:
+        """Replicas in routing: broadcasts go to these. One that is down catches up when it
+        comes back (`_resync`), so it must not fail a broadcast meanwhile."""
+        return [r for r in self.replicas if r not in self.down_reasons]
+
+    async def _broadcast_send(self, replica: str, path: str, body: dict | None,
+                              timeout_s: float) -> tuple[int, str]:
+        """`_send` for broadcasts: a refused connection takes the replica out at once, so the
+        caller's retry of the broadcast goes to the replicas that are left."""
+        try:
+            return await self._send(replica, path, body, timeout_s)
+        except UpstreamError as exc:
+            if exc.kind == "connect":
+                self._mark_down(replica, exc.message)
+            raise
+
     async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
         async with self._lock(name):
             cfg = self.config
+            replicas = self._up()
+            if not replicas:
+                return BroadcastResult(503, error_json(
+                    f"no replica is up ({self.down_reasons})", 503), {})
             if not load:
-                return await unload_everywhere(self._send, self.replicas, body,
+                return await unload_everywhere(self._broadcast_send, replicas, body,
                                                retry_s=cfg.lora_retry_s,
                                                timeout_s=cfg.control_timeout_s)
-            result = await load_everywhere(self._send, self.replicas, body,
+            result = await load_everywhere(self._broadcast_send, replicas, body,
                                            retry_s=cfg.lora_retry_s,
                                            timeout_s=cfg.lora_load_timeout_s,
                                            unload_timeout_s=cfg.control_timeout_s)
@@ -593,8 +613,12 @@ class Proxy:
 
     async def pause_resume(self, request: web.Request) -> web.Response:
         self.counters["broadcasts"][request.path.lstrip("/")] += 1
+        replicas = self._up()
+        if not replicas:
+            return self._error(503, f"no replica is up ({self.down_reasons})", "no_replica")
         result = await asyncio.shield(asyncio.ensure_future(broadcast(
-            self._send, self.replicas, request.path_qs, None, self.config.request_timeout_s)))
+            self._broadcast_send, replicas, request.path_qs, None,
+            self.config.request_timeout_s)))
         return self._broadcast_answer(result)
 
     async def health(self, request: web.Request) -> web.Response:

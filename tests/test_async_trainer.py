@@ -103,9 +103,11 @@ def test_stop_unblocks_a_worker_waiting_on_a_full_buffer(tiny_model_and_tokenize
     while len(trainer.buffer) < trainer.buffer.maxsize and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(trainer.buffer) == trainer.buffer.maxsize
-    # The worker goes on to generate the next batch (admission allows 3 ahead) and then blocks
-    # in put. Wherever it is when we stop (generating or blocked), stop must end it.
-    time.sleep(0.5)
+    # The worker goes on to generate the next batch (admission allows 3 ahead), then blocks in
+    # put: it marks itself idle just before. Stop must end it wherever it is.
+    while trainer._worker_busy.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # from "idle" to waiting inside put takes microseconds
     trainer.stop_steps(timeout_s=10)
     assert not trainer.worker_alive
     assert trainer.buffer.stats()["rollout/backpressure_s"] > 0  # it was blocked in put

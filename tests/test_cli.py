@@ -24,11 +24,12 @@ def test_bad_input_gives_a_clear_error_and_status_2(capsys):
     assert "unknown task 'chess'" in capsys.readouterr().err
 
 
-def test_demo_gains_at_least_15_points(tmp_path):
-    """The README's main job, as a subprocess, with the acceptance goal as its exit status."""
+def test_sync_demo_gains_at_least_15_points(tmp_path):
+    """The single-process main job (`--jobs none`), with the acceptance goal as its exit status.
+    The multi-job default is tested in tests/test_multi_job.py."""
     run_dir = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "grpo_lab.cli", "demo", "--min-gain", "0.15",
+        [sys.executable, "-m", "grpo_lab.cli", "demo", "--jobs", "none", "--min-gain", "0.15",
          "--output-dir", str(run_dir), "--progress", "false"],
         capture_output=True, text=True, timeout=900, env={**os.environ},
     )

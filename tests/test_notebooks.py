@@ -27,6 +27,10 @@ CHECKS = {
     and r["replay_unmatched_pct"] <= 15.5 and r["group_affinity"] == 1.0 and r["batch_in_order"]
     and r["lagged_load_status"] == 200 and r["load_retries"] >= 1
     and r["failed_load_status"] == 500 and r["rollbacks"] == 1 and r["on_part_of_fleet"] == 0,
+    "07_separate_jobs": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10
+    and r["syncs"] == r["steps"] + 1 and min(r["routed"]) > 0
+    and len(r["served"]) == r["max_staleness"] + 1
+    and len(r["bucket_versions"]) == r["max_staleness"] + 2,
 }
 
 

@@ -1,0 +1,61 @@
+"""The multi-job main job (`grpo-lab demo --jobs local`): a trainer, two replicas and the proxy
+as separate processes, adapters through a local bucket folder; and a replica killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from grpo_lab.async_trainer import AsyncGRPOConfig
+from grpo_lab.multi_job import run_multi_job_demo
+
+
+def test_demo_jobs_local_gains_at_least_15_points(tmp_path):
+    """The main job as a user runs it, with the acceptance goal as its exit status."""
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_lab.cli", "demo", "--jobs", "local", "--min-gain", "0.15",
+         "--output-dir", str(run_dir), "--progress", "false"],
+        capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["accuracy_gain"] >= 0.15 and "goal of +15 points: met" in proc.stdout
+    assert summary["steps"] == 200 and summary["syncs"] == 201  # version 0, then one per step
+    assert summary["staleness_max"] <= 1 and 0.9 < summary["ratio_min"] <= summary["ratio_max"] < 1.1
+    assert sum(summary["router"]["routed"]) >= 200 * 16 and min(summary["router"]["routed"]) > 0
+    train = run_dir / "bucket" / "train"
+    for path in (run_dir / "pipeline.png", run_dir / "training.png", train / "metrics.jsonl",
+                 train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
+        assert path.exists(), path
+    assert (train / "adapters" / "policy-v200" / "adapter_model.safetensors").exists()
+
+
+def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
+    killed = {}
+
+    def kill_replica_0(launcher, record):
+        if record["step"] >= 12 and not killed:
+            killed["step"] = record["step"]
+            os.killpg(launcher.procs["replica-0"].pid, signal.SIGKILL)
+
+    # Shrunken: 40 steps, 64 held-out problems.
+    config = AsyncGRPOConfig(steps=40, eval_size=64, eval_every=0, max_staleness=1,
+                             output_dir=str(tmp_path / "run"), progress=False)
+    s = run_multi_job_demo(config, on_step=kill_replica_0, min_gain=0.0, timeout_s=300)
+    assert killed and killed["step"] < 40
+    assert s["steps"] == 40 and s["syncs"] == 41
+    assert s["status"]["replica-0"] == "killed (signal 9)" and s["status"]["trainer"] == "exited (0)"
+    assert s["proxy"]["marked_down"] == 1 and len(s["proxy"]["down_reasons"]) == 1
+    routed = s["router"]["routed"]
+    assert routed[1] > routed[0] > 0  # the survivor served the rest
+    # Every rollout accounted once: each trained step took 16 groups; what was generated but
+    # not trained is in the buffer or was dropped; requests beyond that are the batch being
+    # generated when the trainer stopped, and requests sent again after a 5xx.
+    groups = s["groups"]
+    assert groups["delivered"] == 40 * 16 and groups["lost_on_resume"] == 0
+    assert groups["enqueued"] >= groups["delivered"] + groups["dropped_stale"]
+    assert groups["enqueued"] - groups["delivered"] - groups["dropped_stale"] <= 16
+    assert groups["enqueued"] <= sum(routed) <= groups["enqueued"] + 16 + s["retried_requests"]
