@@ -55,7 +55,6 @@ import gc
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -81,7 +80,7 @@ from .broadcast import (
 from .http_pool import ConnectFailed, ConnectionPool, InvalidResponse
 from .prompt_keys import BadRequest, routing_keys
 from .router import NoReplicaAvailable, PrefixRouter, RouterConfig
-from .server_process import ServerProcess
+from .server_process import ServerProcess, serve_until_signalled
 
 READY_MARKER = "GRPO_LAB_PROXY_READY"
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -719,14 +718,7 @@ async def run_proxy(config: ProxyConfig) -> None:
     gc.freeze()
     print(f"{READY_MARKER} http://{config.host}:{port} upstreams={','.join(config.upstreams)}",
           flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(runner)
 
 
 def serve_proxy(config: ProxyConfig) -> None:

@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import secrets
-import signal
 import sys
 import time
 import traceback
@@ -46,7 +45,7 @@ from .protocol import (
     parse_completion_request,
 )
 from .sampling import LOGPROBS_MODES
-from .server_process import READY_MARKER, ServerProcess, start_server_process
+from .server_process import READY_MARKER, ServerProcess, serve_until_signalled, start_server_process
 
 __all__ = ["ServeConfig", "RolloutServer", "serve", "start_server_process", "ServerProcess"]
 
@@ -385,14 +384,7 @@ async def _serve_forever(server: RolloutServer) -> None:
     print(f"{READY_MARKER} http://{server.config.host}:{port} model={server.base_name} "
           f"lora={server.config.enable_lora} dev_mode={server.dev_mode} "
           f"runtime_lora_updating={server.runtime_lora}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(runner)
 
 
 def serve(config: ServeConfig) -> None:

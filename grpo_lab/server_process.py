@@ -10,6 +10,7 @@ shell: it picks a free port, waits until the server says it is ready, and `stop(
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
@@ -21,6 +22,18 @@ import urllib.request
 from pathlib import Path
 
 READY_MARKER = "GRPO_LAB_SERVER_READY"
+
+
+async def serve_until_signalled(runner) -> None:
+    """Keep an aiohttp `AppRunner` serving until SIGTERM or Ctrl-C, then close it cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 class ServerProcess:
