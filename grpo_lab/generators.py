@@ -122,12 +122,12 @@ class MergedLoRAModel:
     unmerged adapter roughly halves `generate` throughput on the tiny model), and the trainer's
     unmerged forward gives the same logprobs to float rounding. `load` re-merges a new adapter
     snapshot from the kept base weights W0, so merges never accumulate. Plain LoRA only
-    (no DoRA, no fan_in_fan_out); `mergeable` says whether a model qualifies.
+    (no DoRA, no fan_in_fan_out, nothing trainable but lora_A/lora_B): see `mergeable`.
     """
 
     def __init__(self, peft_model):
         self.model = copy.deepcopy(peft_model).merge_and_unload()  # plain model, weights merged
-        self._targets = {}  # adapter state-dict prefix -> (plain Linear, W0, scaling)
+        self._targets = {}  # peft module name -> (the plain model's Linear, W0, scaling)
         for name, module in self._lora_layers(peft_model):
             linear = self.model.get_submodule(name.removeprefix("base_model.model."))
             w0 = module.base_layer.weight.detach().clone()
@@ -144,7 +144,9 @@ class MergedLoRAModel:
         if not is_peft_model(model) or list(model.peft_config) != ["default"]:
             return False
         layers = cls._lora_layers(model)
-        return bool(layers) and all(
+        only_adapters = all(".lora_A." in n or ".lora_B." in n
+                            for n, p in model.named_parameters() if p.requires_grad)
+        return bool(layers) and only_adapters and all(
             not m.fan_in_fan_out and not m.use_dora.get("default", False)
             and isinstance(m.base_layer, torch.nn.Linear) for _, m in layers)
 
@@ -171,8 +173,9 @@ class LocalGenerator:
         if max_versions < 1:
             raise ValueError(f"max_versions must be >= 1, got {max_versions}")
         # LoRA: sample from a plain copy with the adapter merged in (faster), if it is plain LoRA.
-        self._merged = MergedLoRAModel(model) if merge_lora and MergedLoRAModel.mergeable(model) else None
-        self.model = (self._merged.model if self._merged else copy.deepcopy(model))
+        mergeable = merge_lora and MergedLoRAModel.mergeable(model)
+        self._merged = MergedLoRAModel(model) if mergeable else None
+        self.model = self._merged.model if self._merged else copy.deepcopy(model)
         self.model.eval().requires_grad_(False)
         self.tokenizer = copy.deepcopy(tokenizer)  # fast tokenizers are not thread safe
         self.max_versions = max_versions

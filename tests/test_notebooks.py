@@ -19,6 +19,11 @@ CHECKS = {
     and r["config_mismatches"] == 0 and r["metrics_missing"] == 0
     and r["trl_reward_last"] > r["trl_reward_first"]
     and r["grpo_lab_reward_last"] > r["grpo_lab_reward_first"],
+    "04_rollout_buffer_and_async": lambda r: r["sync_gain"] > 0 and r["async_gain"] > 0
+    and r["async_gain"] >= r["sync_gain"] - r["accuracy_tolerance"]
+    and r["async_staleness_max"] <= r["max_staleness"] and r["async_staleness_mean"] > 0
+    and r["fast_producer_bottleneck"] == "trainer"
+    and r["slow_producer_bottleneck"] == "generation" and r["async_bottleneck"] == "trainer",
     "05_rollout_server_and_bucket": lambda r: r["adapters_differ"] and r["base_ignores_adapters"]
     and r["wrong_weights_deviation"] > 0.01 and r["right_weights_deviation"] < 1e-3
     and r["max_ratio_deviation"] < 1e-3 and r["steps"] >= 1,
