@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "offline tiny model")
     add_config_flags(serve, ServeConfig, exclude=("model",))
 
-    from .proxy import ProxyConfig
+    from .proxy_config import ProxyConfig
 
     proxy = sub.add_parser("proxy", help="several inference servers behind one URL: KV-prefix "
                            "routing, broadcast pause/resume/adapter loads, health")
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="URL", help="base URL of one replica; repeat once per replica")
     add_config_flags(proxy, ProxyConfig, exclude=("upstreams",))
 
-    from .launchers import add_launch_parser
+    from .launch_cli import add_launch_parser
     from .train_async import add_train_async_parser
 
     add_launch_parser(sub)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_notebook(args.name, args.output_dir))
         elif args.command == "launch":
-            from .launchers import launch_main
+            from .launch_cli import launch_main
 
             return launch_main(args)
         elif args.command == "serve":
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
             serve(config_from_args(args, ServeConfig))
         elif args.command == "proxy":
-            from .proxy import ProxyConfig, serve_proxy
+            from .proxy import serve_proxy
+            from .proxy_config import ProxyConfig
 
             serve_proxy(config_from_args(args, ProxyConfig))
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback

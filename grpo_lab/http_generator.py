@@ -13,6 +13,7 @@ without touching the training loop:
                                 directory one sync later
     generate(prompt_ids, version=v, ...)
         one /v1/completions request per prompt, n = G, `model = "policy-vv"`, a fresh seed each,
+        at most `max_inflight` of them at a time (the client's cap; None = all at once),
         untruncated sampling (top_p 1, top_k 0) so the server's processed logprobs are the
         trainer's old-policy logprobs; with `retries`, a request answered 502/503/504 (a
         replica died under it, the proxy took it out) is sent again, alone
@@ -41,7 +42,10 @@ class HTTPGenerator:
     def __init__(self, url: str, bucket: AdapterBucket, *, api_key: str | None = None,
                  max_staleness: int = 1, load_timeout_s: float = 60.0,
                  retry_every_s: float = 0.25, seed: int | None = None,
-                 request_timeout_s: float = 600.0, retries: int = 0):
+                 request_timeout_s: float = 600.0, retries: int = 0,
+                 max_inflight: int | None = None):
+        if max_inflight is not None and max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1 or None (got {max_inflight})")
         self.bucket = bucket
         self.max_staleness = max_staleness
         self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
@@ -58,6 +62,12 @@ class HTTPGenerator:
         (0 = fail at once)."""
         self.retried = 0
         """Completion requests and weight-sync calls sent again so far."""
+        self.max_inflight = max_inflight
+        """Most completion requests in flight at once (None = one step's prompts all at once):
+        the recipe's "client cap on in-flight requests", a knob of the pipeline's balance."""
+        self.inflight_peak = 0
+        """The most requests that were in flight at once so far."""
+        self._inflight = 0
 
     def name(self, version: int) -> str:
         return adapter_name(version, self.bucket.prefix)
@@ -117,12 +127,23 @@ class HTTPGenerator:
         replica went down under it) is sent again, up to `retries` times; the answers that
         came back are kept, so no prompt is ever counted twice."""
         replies: list = [None] * len(prompt_ids)
+        cap = asyncio.Semaphore(self.max_inflight or len(prompt_ids))
+
+        async def one(i):
+            async with cap:  # the client's cap on in-flight requests
+                self._inflight += 1
+                self.inflight_peak = max(self.inflight_peak, self._inflight)
+                try:
+                    return await self.client.client.completions(
+                        prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
+                        temperature=temperature, top_p=1.0, top_k=0, seed=seeds[i],
+                        logprobs=0, return_token_ids=True)
+                finally:
+                    self._inflight -= 1
+
         for attempt in range(self.retries + 1):
             todo = [i for i, reply in enumerate(replies) if reply is None]
-            results = await asyncio.gather(*(self.client.client.completions(
-                prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
-                temperature=temperature, top_p=1.0, top_k=0, seed=seeds[i], logprobs=0,
-                return_token_ids=True) for i in todo), return_exceptions=True)
+            results = await asyncio.gather(*(one(i) for i in todo), return_exceptions=True)
             for i, result in zip(todo, results, strict=True):
                 if (isinstance(result, ServerError) and result.status in RETRY_STATUSES
                         and attempt < self.retries):

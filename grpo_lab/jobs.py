@@ -5,8 +5,8 @@
     ...        ─┘   127.0.0.1, beside the trainer  the trainer writes adapters, replicas read
 
 A `RunPlan` is an ordered list of `JobSpec`s; `recipe_plan()` builds docs/recipe.md's plan. The
-same plan goes to either launcher (grpo_lab.launchers): `LocalLauncher` runs each job as an OS
-process on this machine, `HfJobsLauncher` submits each as a Hugging Face Job.
+same plan goes to either launcher: `LocalLauncher` (grpo_lab.launchers) runs each job as an OS
+process on this machine, `HfJobsLauncher` (grpo_lab.hf_jobs) submits each as a Hugging Face Job.
 
 Where the proxy runs: on HF Jobs it runs **inside the trainer job** (as in the recipe), because it
 must sit on 127.0.0.1 next to the trainer and hold the token that exposed job ports need. Locally
@@ -162,6 +162,9 @@ class RunPlan:
     name: str = "grpo-lab"
     """Run name: prefixes HF job names, names the run's folder inside the bucket."""
     backend: str = "local"
+    uploads: list[tuple[str, str]] = field(default_factory=list)
+    """Files put into the bucket before any job starts: (local file, or PACKAGE_WHEEL for a
+    wheel of this grpo_lab built at submission; destination `hf://buckets/...` path)."""
 
     def __post_init__(self):
         seen: set[str] = set()
@@ -197,11 +200,13 @@ class RunPlan:
         """A plan with just these jobs (dependencies on dropped jobs are dropped too)."""
         keep = [replace(j, depends_on=[d for d in j.depends_on if d in names])
                 for j in self.jobs if j.name in names]
-        return RunPlan(keep, name=self.name, backend=self.backend)
+        return RunPlan(keep, name=self.name, backend=self.backend, uploads=list(self.uploads))
 
     def describe(self) -> str:
         head = f"Run plan {self.name!r} ({self.backend}): {len(self.jobs)} jobs"
-        return "\n".join([head, *(job.describe() for job in self.jobs)])
+        uploads = [f"[before the jobs] put {source} at {destination}"
+                   for source, destination in self.uploads]
+        return "\n".join([head, *uploads, *(job.describe() for job in self.jobs)])
 
     def to_dict(self) -> dict:
         """JSON-ready; secrets are names, so this is safe to write to disk."""
@@ -211,6 +216,20 @@ class RunPlan:
 # ---------------------------------------------------------------------------------------------
 # The recipe's plan
 # ---------------------------------------------------------------------------------------------
+
+PACKAGE_WHEEL = "<grpo_lab wheel>"
+"""An upload source (`RunPlan.uploads`): a wheel of this grpo_lab checkout, built at submission."""
+
+WHEELS_DIR = "wheels"
+"""Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
+
+
+def package_wheel_name() -> str:
+    """The file name `pip wheel` gives this grpo_lab (pure Python: py3-none-any)."""
+    from importlib.metadata import version
+
+    return f"grpo_lab-{version('grpo_lab')}-py3-none-any.whl"
+
 
 DEFAULT_TRAINER_ARGS = (
     "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
@@ -254,8 +273,10 @@ class RecipeConfig:
     job gets a free port."""
     timeout: str = "4h"
     """Longest run of each HF job."""
-    install: str = "pip install --quiet grpo_lab"
-    """Shell command that installs grpo_lab in HF jobs that run it (TODO: where it is published)."""
+    install: str | None = None
+    """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
+    checkout, built and copied into the bucket at submission (`<bucket>/wheels/`), installed
+    from the mount; e.g. `pip install git+https://github.com/<you>/grpo_lab` instead."""
     run_name: str | None = None
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0
@@ -366,13 +387,18 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     engine = cfg.engine or ("vllm" if is_gpu_flavor(replica_flavor) else "grpo-lab")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONUNBUFFERED": "1"}
+    install, uploads = cfg.install, []
+    if install is None:  # ship this checkout: a wheel through the bucket every job mounts
+        wheel = package_wheel_name()
+        uploads = [(PACKAGE_WHEEL, f"{cfg.bucket.rstrip('/')}/{WHEELS_DIR}/{wheel}")]
+        install = f"pip install --quiet {mount}/{WHEELS_DIR}/{wheel}"
     jobs = []
     for i in range(cfg.replicas):
         if engine == "vllm":
             command, image = _vllm_replica_args(model, cfg.port, cfg), VLLM_IMAGE
         else:  # a CPU job: install grpo_lab, then serve
             serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", cfg.port, cfg, mount)])
-            command, image = ["bash", "-c", f"set -e\n{cfg.install}\nexec {serve}\n"], CPU_IMAGE
+            command, image = ["bash", "-c", f"set -e\n{install}\nexec {serve}\n"], CPU_IMAGE
         jobs.append(JobSpec(
             name=f"replica-{i}", command=command, env=dict(env), secrets=["HF_TOKEN"],
             volumes=[BucketMount(cfg.bucket, mount, read_only=True)], ports=[cfg.port],
@@ -386,7 +412,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
     script = "\n".join([
         "set -e",
-        cfg.install,
+        install,
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         "exec " + shlex.join(["grpo-lab", *trainer]),
@@ -397,4 +423,4 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         secrets=["HF_TOKEN"], volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
         flavor=trainer_flavor, image=VLLM_IMAGE if is_gpu_flavor(trainer_flavor) else CPU_IMAGE,
         timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
-    return RunPlan(jobs, name=run_name, backend="hf-jobs")
+    return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads)

@@ -1,11 +1,11 @@
-"""Launchers: start a `RunPlan` (grpo_lab.jobs) as processes here, or as Hugging Face Jobs.
+"""The local launcher: start a `RunPlan` (grpo_lab.jobs) as processes on this machine.
 
     with LocalLauncher(recipe_plan(), "runs/r1") as run:   # each job: its own process group
         run.wait("trainer")                                 # and log file, runs/r1/logs/<job>.log
     # leaving the block (normally, by an error, or Ctrl-C) stops every job it started
 
-    HfJobsLauncher(recipe_plan(backend="hf-jobs", bucket="hf://buckets/me/lora")).submit()
-    print(hf_jobs_commands(plan))                          # the same, as `hf jobs run` lines
+The same plan goes to Hugging Face Jobs through grpo_lab.hf_jobs; `grpo-lab launch`
+(grpo_lab.launch_cli) picks the backend.
 
 Local lifecycle, per job, in the plan's dependency order:
     1. start   Popen(start_new_session=True): the job leads a new process group, so stopping
@@ -17,6 +17,9 @@ Local lifecycle, per job, in the plan's dependency order:
                when the launcher runs in the main thread, when this process dies: the job's own
                process has PR_SET_PDEATHSIG, so a notebook kernel that is killed rather than shut
                down still takes its jobs with it (their children are then their business)
+
+`python -m grpo_lab.launchers wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
+job (grpo_lab.jobs) waits with it for the proxy before it starts the trainer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -36,9 +38,8 @@ import urllib.request
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from .jobs import URL_PLACEHOLDER, BucketMount, JobSpec, RecipeConfig, RunPlan, recipe_plan
+from .jobs import URL_PLACEHOLDER, BucketMount, JobSpec, RunPlan
 
 LOG_TAIL_LINES = 40
 
@@ -109,6 +110,11 @@ def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] | None
         if left <= 0:
             raise TimeoutError(f"{url} not healthy after {timeout_s:g} s ({last})")
         time.sleep(min(poll_s, left))
+
+
+def fill_urls(text: str, urls: dict[str, str]) -> str:
+    """`{url:<job>}` placeholders in `text` -> the URLs in `urls` (job name -> URL)."""
+    return URL_PLACEHOLDER.sub(lambda m: urls[m.group(1)], text)
 
 
 # Runs in the child before the job's command: ask the kernel to SIGTERM this process when the
@@ -206,7 +212,7 @@ class LocalLauncher:
             self._check_volume(job, volume)
         env = {**self.environ, **job.env}
         urls = {j.name: f"http://127.0.0.1:{j.ports[0]}" for j in self.plan.jobs if j.ports}
-        command = [_fill_urls(arg, urls) for arg in job.command]
+        command = [fill_urls(arg, urls) for arg in job.command]
         if threading.current_thread() is threading.main_thread() and sys.platform == "linux":
             command = [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *command]
         log = open(self.log_path(job.name), "ab")
@@ -300,173 +306,6 @@ class LocalLauncher:
         return proc.returncode
 
 
-# ---------------------------------------------------------------------------------------------
-# Hugging Face Jobs
-# ---------------------------------------------------------------------------------------------
-
-def exposed_url(job_id: str, port: int) -> str:
-    """Where the jobs proxy exposes a job's port (requests need an HF token with read access)."""
-    return f"https://{job_id}--{port}.hf.jobs"
-
-
-def shell_var(job_name: str) -> str:
-    """`replica-0` -> `REPLICA_0_ID`: the shell variable holding the job's id in dry-run lines."""
-    return re.sub(r"[^A-Z0-9]", "_", job_name.upper()) + "_ID"
-
-
-def hf_volume(mount: BucketMount):
-    """The `huggingface_hub.Volume` for a bucket mount (`hf://buckets/<owner>/<bucket>[/sub]`)."""
-    from huggingface_hub import Volume
-
-    if not mount.on_hub:
-        raise ValueError(f"HF Jobs mount Storage Buckets (hf://buckets/...), not {mount.source!r}")
-    owner, bucket, *sub = mount.source.removeprefix("hf://buckets/").split("/", 2)
-    return Volume(type="bucket", source=f"{owner}/{bucket}", mount_path=mount.mount_path,
-                  read_only=mount.read_only, path=sub[0] if sub and sub[0] else None)
-
-
-def _fill_urls(text: str, urls: dict[str, str]) -> str:
-    return URL_PLACEHOLDER.sub(lambda m: urls[m.group(1)], text)
-
-
-class HfJobsLauncher:
-    """Submit each job of a plan as a Hugging Face Job, in order, through `run_job`.
-
-    `run_job` and `cancel_job` default to huggingface_hub's (they need a token and the network);
-    pass fakes to test. A job's `{url:<job>}` placeholders become the exposed URL of that job.
-    Secret values are read from `environ` (default: os.environ, plus your saved HF token for
-    HF_TOKEN) at submission; all must be present before the first job is submitted.
-    """
-
-    def __init__(self, plan: RunPlan, *, run_job: Callable[..., Any] | None = None,
-                 cancel_job: Callable[..., Any] | None = None, namespace: str | None = None,
-                 environ: dict[str, str] | None = None):
-        self.plan, self.namespace = plan, namespace
-        self._run_job, self._cancel_job = run_job, cancel_job
-        self._environ = environ
-        self.jobs: dict[str, Any] = {}  # name -> JobInfo
-        self.urls: dict[str, str] = {}  # name -> exposed URL of its first port
-
-    def _secret_values(self) -> dict[str, str]:
-        environ = dict(os.environ if self._environ is None else self._environ)
-        if "HF_TOKEN" not in environ and self._environ is None:
-            from huggingface_hub import get_token  # the token saved by `hf auth login`
-
-            token = get_token()
-            if token:
-                environ["HF_TOKEN"] = token
-        names = sorted({s for j in self.plan.jobs for s in j.secrets})
-        missing = [n for n in names if not environ.get(n)]
-        if missing:
-            raise LaunchError(f"secrets not set: {', '.join(missing)} (export them, or "
-                              "`hf auth login` for HF_TOKEN)")
-        return {n: environ[n] for n in names}
-
-    def run_job_kwargs(self, job: JobSpec, secrets: dict[str, str]) -> dict[str, Any]:
-        """The exact keyword arguments `run_job` gets for `job`."""
-        kwargs = {
-            "image": job.image,
-            "command": [_fill_urls(arg, self.urls) for arg in job.command],
-            "env": dict(job.env),
-            "secrets": {name: secrets[name] for name in job.secrets},
-            "flavor": job.flavor,
-            "timeout": job.timeout,
-            "name": f"{self.plan.name}-{job.name}",
-            "volumes": [hf_volume(v) for v in job.volumes],
-            "expose": list(job.ports) or None,
-        }
-        if self.namespace:
-            kwargs["namespace"] = self.namespace
-        return kwargs
-
-    def submit(self) -> dict[str, Any]:
-        """Submit every job; on a failure cancel the ones already submitted, then raise."""
-        if self.plan.backend != "hf-jobs":
-            raise LaunchError(f"this plan was built for the {self.plan.backend} backend")
-        if self._run_job is None:
-            from huggingface_hub import run_job
-
-            self._run_job = run_job
-        secrets = self._secret_values()
-        try:
-            for job in self.plan.jobs:
-                info = self._run_job(**self.run_job_kwargs(job, secrets))
-                self.jobs[job.name] = info
-                if job.ports:
-                    self.urls[job.name] = self._url(info, job.ports[0])
-        except BaseException as exc:
-            self.cancel()
-            if isinstance(exc, Exception) and not isinstance(exc, LaunchError):
-                raise LaunchError(f"submitting {self.plan.name}: {exc}") from exc
-            raise
-        return self.jobs
-
-    @staticmethod
-    def _url(info: Any, port: int) -> str:
-        status = getattr(info, "status", None)
-        for url in getattr(status, "expose_urls", None) or []:
-            if url.rstrip("/").endswith(f"--{port}.hf.jobs"):
-                return url.rstrip("/")
-        return exposed_url(info.id, port)
-
-    def cancel(self) -> None:
-        """Cancel every job this launcher submitted (HF jobs outlive this process otherwise)."""
-        if not self.jobs:
-            return
-        if self._cancel_job is None:
-            from huggingface_hub import cancel_job
-
-            self._cancel_job = cancel_job
-        for name, info in reversed(list(self.jobs.items())):
-            kwargs = {"job_id": info.id}
-            if self.namespace:
-                kwargs["namespace"] = self.namespace
-            try:
-                self._cancel_job(**kwargs)
-            except Exception as exc:  # keep cancelling the others
-                print(f"could not cancel {name} ({info.id}): {exc}", file=sys.stderr)
-
-
-def _double_quoted(text: str, urls: dict[str, str]) -> str:
-    """`text` as one double-quoted shell word; placeholders become `$VAR` references."""
-    out, pos = [], 0
-    for m in URL_PLACEHOLDER.finditer(text):
-        out.append(re.sub(r'(["$`\\])', r"\\\1", text[pos:m.start()]))
-        out.append(urls[m.group(1)])
-        pos = m.end()
-    out.append(re.sub(r'(["$`\\])', r"\\\1", text[pos:]))
-    return '"' + "".join(out) + '"'
-
-
-def hf_jobs_commands(plan: RunPlan, namespace: str | None = None) -> str:
-    """The plan as `hf jobs run` lines to paste into a shell (bash): replicas first, each id
-    kept in a shell variable, then the trainer job, which reaches them at their exposed URLs."""
-    needed = {dep for job in plan.jobs for dep in job.placeholders()}
-    urls = {name: exposed_url("${" + shell_var(name) + "}", plan[name].ports[0]) for name in needed}
-    lines = [f"# {plan.name}: {len(plan.jobs)} Hugging Face Jobs; needs `hf auth login` "
-             "(or HF_TOKEN exported) and the bucket created"]
-    for job in plan.jobs:
-        args = ["hf", "jobs", "run", "--detach"] + (["--quiet"] if job.name in needed else [])
-        args += ["--name", f"{plan.name}-{job.name}", "--flavor", job.flavor]
-        args += ["--timeout", job.timeout] if job.timeout else []
-        args += ["--namespace", namespace] if namespace else []
-        for name in job.secrets:
-            args += ["--secrets", name]
-        for port in job.ports:
-            args += ["--expose", str(port)]
-        for volume in job.volumes:
-            args += ["-v", volume.cli_spec()]
-        for key, value in job.env.items():
-            args += ["-e", f"{key}={value}"]
-        words = [shlex.join(args), "--", shlex.quote(job.image)]
-        words += [_double_quoted(a, urls) if URL_PLACEHOLDER.search(a) else shlex.quote(a)
-                  for a in job.command]
-        line = " ".join(words)
-        lines.append(f"# {job.name}")
-        lines.append(f"{shell_var(job.name)}=$({line})" if job.name in needed else line)
-    return "\n".join(lines)
-
-
 def local_commands(plan: RunPlan, run_dir: str | Path) -> str:
     """What `LocalLauncher` will run, as shell lines (for --dry-run)."""
     lines = [f"# {plan.name}: {len(plan.jobs)} local processes, logs in {Path(run_dir) / 'logs'}"]
@@ -475,76 +314,6 @@ def local_commands(plan: RunPlan, run_dir: str | Path) -> str:
         lines.append(f"# {job.name}" + (f" (ready when {job.health_url} answers 200)" if job.health_url else ""))
         lines.append(f"{env} {shlex.join(job.command)}".strip())
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# `grpo-lab launch`
-# ---------------------------------------------------------------------------------------------
-
-def add_launch_parser(sub) -> None:
-    """Add `grpo-lab launch` to the CLI's subparsers."""
-    from .cli import add_config_flags, field_docs
-
-    launch = sub.add_parser(
-        "launch", help="docs/recipe.md's multi-job run: replicas, proxy, trainer, one bucket",
-        description="Start the recipe's jobs locally (one process each) or on Hugging Face "
-                    "Jobs. Arguments after `--` replace the trainer's grpo-lab arguments.")
-    launch.add_argument("--backend", choices=("local", "hf-jobs"), default="local",
-                        help=field_docs(RecipeConfig)["backend"])
-    add_config_flags(launch, RecipeConfig, exclude=("backend",))
-    launch.add_argument("--dry-run", action="store_true",
-                        help="print the plan and the equivalent commands; start nothing")
-    launch.add_argument("--run-dir", default=None,
-                        help="local backend: folder for logs and plan.json (default: runs/<run-name>)")
-    launch.add_argument("--namespace", default=None, help="hf-jobs: user or org running the jobs")
-    launch.add_argument("trainer_args", nargs="*",
-                        help="after `--`: the trainer's grpo-lab arguments, with {model}, "
-                             "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness} filled in")
-
-
-def launch_main(args: argparse.Namespace) -> int:
-    """`grpo-lab launch`: build the plan, then print it (--dry-run), run it, or submit it."""
-    try:
-        return _launch(args)
-    except LaunchError as exc:  # a job failed to start: its log tail, no traceback
-        print(f"grpo-lab launch: {exc}", file=sys.stderr)
-        return 1
-
-
-def _launch(args: argparse.Namespace) -> int:
-    from .cli import config_from_args
-
-    config = config_from_args(args, RecipeConfig)
-    extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
-    plan = recipe_plan(config, **extra)
-    run_dir = Path(args.run_dir or Path("runs") / plan.name)
-    if args.dry_run:
-        print(plan.describe(), end="\n\n")
-        if plan.backend == "local":
-            print(local_commands(plan, run_dir))
-        else:
-            print(hf_jobs_commands(plan, args.namespace))
-        return 0
-    if plan.backend == "hf-jobs":
-        launcher = HfJobsLauncher(plan, namespace=args.namespace)
-        for name, info in launcher.submit().items():
-            print(f"{name}: {getattr(info, 'url', info.id)}")
-        print(f"replicas at: {', '.join(launcher.urls.values())}")
-        return 0
-    # Local: stop the jobs on SIGTERM too (`kill <pid>` of this command), not only on Ctrl-C
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    print(f"starting {', '.join(plan.names)}; logs in {run_dir / 'logs'}", flush=True)
-    try:
-        with LocalLauncher(plan, run_dir) as run:
-            print(json.dumps(run.status(), indent=2), flush=True)
-            code = run.wait("trainer")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    print(f"trainer exited with code {code}")
-    return code
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,8 @@ Routing. Each prompt is routed on its token ids; text and chat prompts on the id
 `--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.prompt_keys). A batched request
 is routed prompt by prompt: split across the replicas, and the choices merged back in prompt
 order with `index` renumbered (the reference proxy routed a batch on its first prompt). A
-streamed request goes whole to the replica of its first prompt.
+streamed request goes whole to the replica of its first prompt. These completion routes are
+in grpo_lab.proxy_completions.
 
 Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
 400 (bad JSON, a missing or malformed prompt), 404 (unknown route), 413 (body over
@@ -31,10 +32,14 @@ or a refused connection, take a replica out of routing and fail its requests in 
 it is probed until it answers, synced to a healthy peer's adapters (what it lacks is loaded,
 what the fleet dropped meanwhile unloaded), and routed again. Broadcasts still go to every
 replica, in routing or not: while one is unreachable, loads fail and are rolled back.
+Calls to the replicas, the probe and the resync are in grpo_lab.proxy_replicas.
 
 Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.http_pool), which halves the
 proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py); everything
 else uses aiohttp.
+
+The settings are `ProxyConfig` (grpo_lab.proxy_config); `start_proxy_process`
+(grpo_lab.proxy_process) starts the proxy as a process from Python.
 
 Logged metrics (`GET /proxy/stats`, next to the router's own, see grpo_lab.router):
 - `completion_calls`: completion requests received; `split_batches`: batches spread over more
@@ -55,14 +60,9 @@ import gc
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 import weakref
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -77,108 +77,25 @@ from .broadcast import (
     load_everywhere,
     unload_everywhere,
 )
-from .http_pool import ConnectFailed, ConnectionPool, InvalidResponse
-from .prompt_keys import BadRequest, routing_keys
-from .router import NoReplicaAvailable, PrefixRouter, RouterConfig
-from .server_process import ServerProcess, serve_until_signalled
+from .http_pool import ConnectionPool
+from .proxy_completions import ProxyCompletions
+from .proxy_config import ProxyConfig
+from .proxy_process import READY_MARKER
+from .proxy_replicas import ProxyReplicas
+from .router import PrefixRouter, RouterConfig
+from .server_process import serve_until_signalled
 
-READY_MARKER = "GRPO_LAB_PROXY_READY"
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _BROADCAST_PATHS = ("/pause", "/resume", LOAD_PATH, UNLOAD_PATH)
 _KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/server_info",
                 "/v1/models", "/proxy/stats", *_BROADCAST_PATHS)
 
 
-@dataclass
-class ProxyConfig:
-    """Flags of `grpo-lab proxy` (the reference proxy's UPSTREAM_URLS and PROXY_* settings)."""
+class Proxy(ProxyReplicas, ProxyCompletions):
+    """The proxy's state: the router, the sessions to the replicas, the probe, the counters.
 
-    upstreams: list[str] = field(default_factory=list)
-    """Base URLs of the replicas, e.g. http://10.0.0.2:8000 (`--upstream URL`, once per replica)."""
-    host: str = "127.0.0.1"
-    """Interface to bind (127.0.0.1 = this machine only: the trainer runs next to the proxy)."""
-    port: int = 8000
-    """TCP port (0 = any free port; the chosen one is printed)."""
-    upstream_token_env: str | None = None
-    """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
-    (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
-    block_size: int = 16
-    """Tokens per KV block, as the servers' (vLLM: 16)."""
-    imbalance: int = 8
-    """In-flight requests the preferred replica may be ahead of the least-loaded one."""
-    max_tracked_blocks: int = 500_000
-    """Cap on the router's block table (least recently used blocks are forgotten)."""
-    tokenizer: str | None = None
-    """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8 pseudo-tokens."""
-    lora_retry_s: float = 2.0
-    """Seconds between retries of a replica that answers 'No adapter found' to a load."""
-    lora_load_timeout_s: float = 300.0
-    """Deadline of a broadcast load; past it the load is rolled back and answered 504."""
-    conn_limit: int = 1024
-    """Most open connections to the replicas for completions (all replicas together)."""
-    request_timeout_s: float = 1800.0
-    """Longest wait for a completion's answer before 504."""
-    connect_timeout_s: float = 5.0
-    """Longest wait to open a connection to a replica."""
-    control_timeout_s: float = 60.0
-    """Longest wait for /pause, /resume, /server_info, /v1/models and unloads."""
-    health_interval_s: float = 1.0
-    """Seconds between health probes of every replica."""
-    health_timeout_s: float = 5.0
-    """A health probe without an answer after this long counts as a failure."""
-    health_failures: int = 2
-    """Failed probes in a row that take a replica out of routing."""
-    stats_every_s: float = 60.0
-    """Print the routing counters every S seconds (0 = never)."""
-    max_request_bytes: int = 16 * 2**20
-    """Largest request body accepted (413 above)."""
-
-    def __post_init__(self):
-        self.upstreams = [u.rstrip("/") for u in self.upstreams]
-        problems = []
-        if not self.upstreams:
-            problems.append("need at least one --upstream URL")
-        for url in self.upstreams:
-            if not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
-                problems.append(f"upstream {url!r} is not an http(s):// URL")
-        if len(set(self.upstreams)) != len(self.upstreams):
-            problems.append(f"upstreams must be distinct, got {self.upstreams}")
-        for name in ("lora_retry_s", "lora_load_timeout_s", "request_timeout_s",
-                     "connect_timeout_s", "control_timeout_s", "health_interval_s",
-                     "health_timeout_s"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
-        for name in ("conn_limit", "health_failures", "max_request_bytes"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if not 0 <= self.port < 65536:
-            problems.append(f"port must be in 0..65535 (got {self.port})")
-        if problems:
-            raise ValueError("invalid ProxyConfig: " + "; ".join(problems))
-
-
-def _transport_error(replica: str, exc: BaseException, timeout_s: float) -> UpstreamError:
-    """A failed call with no HTTP answer -> what the proxy answers (kind drives what it does)."""
-    if isinstance(exc, ConnectFailed | aiohttp.ConnectionTimeoutError |
-                  aiohttp.ClientConnectorError):
-        return UpstreamError(503, f"cannot connect to replica {replica}: {exc}", "connect")
-    if isinstance(exc, TimeoutError):
-        return UpstreamError(504, f"replica {replica} did not answer within {timeout_s:g} s",
-                             "timeout")
-    if isinstance(exc, InvalidResponse):
-        return UpstreamError(502, f"replica {replica} sent an invalid HTTP response: {exc}",
-                             "closed")
-    return UpstreamError(502, f"replica {replica} closed the connection before answering "
-                         f"({type(exc).__name__}: {exc})", "closed")
-
-
-def _looks_like_json_object(data: bytes) -> bool:
-    """A cheap check of a relayed body (parsing every completion would cost more than routing)."""
-    return data[:1] == b"{" and data.rstrip()[-1:] == b"}"
-
-
-class Proxy:
-    """The proxy's state: the router, the sessions to the replicas, the probe, the counters."""
+    Calls to the replicas and their health come from `ProxyReplicas`, the completion routes
+    from `ProxyCompletions`; the other routes are here."""
 
     def __init__(self, config: ProxyConfig, token: str | None = None):
         self.config = config
@@ -246,91 +163,6 @@ class Proxy:
         if self._pool is not None:
             self._pool.close()
 
-    # ------------------------------------------------------------------ replicas up and down
-
-    def _mark_down(self, replica: str, reason: str) -> None:
-        if replica in self.down_reasons:
-            return
-        self.down_reasons[replica] = reason
-        self.router.mark_down(replica)  # it may restart with an empty prefix cache: forget it
-        self.counters["marked_down"] += 1
-        print(f"grpo-lab proxy: {replica} is out of routing: {reason}", file=sys.stderr)
-        for task in list(self._calls[replica]):  # fail its requests in flight now, not at timeout
-            if task not in self._killed:
-                self._killed[task] = reason
-                task.cancel()
-
-    async def _probe(self, replica: str) -> str:
-        """'' if /health answers 200, else why not."""
-        try:
-            async with self._control.get(replica + "/health", timeout=aiohttp.ClientTimeout(
-                    total=self.config.health_timeout_s)) as reply:
-                await reply.read()
-                return "" if reply.status == 200 else f"/health answered {reply.status}"
-        except (aiohttp.ClientError, OSError) as exc:
-            return _transport_error(replica, exc, self.config.health_timeout_s).message
-
-    async def _probe_forever(self) -> None:
-        while True:
-            reasons = await asyncio.gather(*(self._probe(r) for r in self.replicas))
-            for replica, why in zip(self.replicas, reasons):
-                if why:
-                    self._failures[replica] += 1
-                    if self._failures[replica] >= self.config.health_failures:
-                        self._mark_down(replica, f"health probe: {why}")
-                    continue
-                self._failures[replica] = 0
-                if replica in self.down_reasons:
-                    why = await self._resync(replica)
-                    if why:
-                        self.down_reasons[replica] = why
-                    else:
-                        del self.down_reasons[replica]
-                        self.router.mark_up(replica)
-                        print(f"grpo-lab proxy: {replica} is back in routing", file=sys.stderr)
-            self._pool.prune()  # close connections idle for too long
-            await asyncio.sleep(self.config.health_interval_s)
-
-    async def _adapters(self, replica: str) -> dict[str, str]:
-        """{name: path} of the adapter cards in the replica's /v1/models."""
-        status, text = await self._send(replica, "/v1/models", None, self.config.control_timeout_s,
-                                         "GET")
-        if status != 200:
-            raise UpstreamError(502, f"{replica}/v1/models answered {status}", "closed")
-        return {c["id"]: c.get("root") for c in json.loads(text)["data"] if c.get("parent")}
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        """One adapter operation per name at a time (broadcasts and resyncs)."""
-        return self._locks.setdefault(name, asyncio.Lock())
-
-    async def _resync(self, replica: str) -> str:
-        """Before routing to a replica that came back, give it the adapters of a healthy peer:
-        load what it lacks (a restarted server has none), unload what the peer dropped while it
-        was away. Returns '' or why it stays out of routing."""
-        peers = [r for r in self.replicas if r != replica and r not in self.down_reasons]
-        if not peers:
-            return ""
-        timeout_s = self.config.control_timeout_s
-        try:
-            want, have = await self._adapters(peers[0]), await self._adapters(replica)
-            for name in sorted(want.keys() ^ have.keys()):
-                async with self._lock(name):  # no broadcast of this name is half done now
-                    want, have = await self._adapters(peers[0]), await self._adapters(replica)
-                    if name in want and name not in have:
-                        status, text = await self._send(replica, LOAD_PATH, {
-                            "lora_name": name, "lora_path": want[name]}, timeout_s)
-                    elif name in have and name not in want:
-                        status, text = await self._send(replica, UNLOAD_PATH,
-                                                        {"lora_name": name}, timeout_s)
-                    else:
-                        continue
-                if status != 200:
-                    return f"back, but adapter {name!r} could not be synced: {status} {text[:200]}"
-                self.counters["resynced_adapters"] += 1
-        except (UpstreamError, ValueError, KeyError, TypeError) as exc:
-            return f"back, but its adapters could not be synced: {exc}"
-        return ""
-
     async def _log_forever(self) -> None:
         last = None
         while True:
@@ -339,39 +171,6 @@ class Proxy:
             if line != last:
                 print(f"grpo-lab proxy: {line}", file=sys.stderr, flush=True)
                 last = line
-
-    # ------------------------------------------------------------------ upstream calls
-
-    async def _send(self, replica: str, path: str, body: dict | None, timeout_s: float,
-                    method: str = "POST") -> tuple[int, str]:
-        """One control call (broadcasts, probes, one-answer routes): (status, text)."""
-        try:
-            async with self._control.request(method, replica + path, json=body,
-                                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                return r.status, await r.text(errors="replace")
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _transport_error(replica, exc, timeout_s) from None
-
-    async def _call(self, replica: str, path: str, data: bytes) -> tuple[int, bytes, str]:
-        """POST a completion to one replica -> (status, body, content type). `_mark_down` cuts
-        it short by cancelling the calling task, which then raises UpstreamError (503)."""
-        task = asyncio.current_task()
-        calls = self._calls[replica]
-        calls.add(task)
-        try:
-            return await self._pool.post(replica + path, data, self.config.request_timeout_s)
-        except asyncio.CancelledError:
-            reason = self._killed.pop(task, None)
-            if reason is None or task.uncancel() > 0:
-                raise  # (also) cancelled by someone else: the client went away
-            raise UpstreamError(503, f"replica {replica} was taken out of routing while this "
-                                f"request was in flight ({reason}); retry the request",
-                                "down") from None
-        except OSError as exc:
-            raise _transport_error(replica, exc, self.config.request_timeout_s) from None
-        finally:
-            calls.discard(task)
-            self._killed.pop(task, None)
 
     # ------------------------------------------------------------------ answers
 
@@ -391,159 +190,8 @@ class Proxy:
         return self._error(503, f"no replica is up ({self.down_reasons}); the proxy probes them "
                            f"every {self.config.health_interval_s:g} s", "no_replica")
 
-    def _relay(self, status: int, data: bytes, ctype: str, replica: str) -> web.Response:
-        if not _looks_like_json_object(data):
-            return self._error(502, f"replica {replica} answered {status} with a body that is "
-                               f"not a JSON object: {data[:100]!r}", "garbage", replica)
-        return web.Response(body=data, status=status,
-                            headers={"Content-Type": ctype, "X-Proxy-Upstream": replica})
-
-    # ------------------------------------------------------------------ routes: completions
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        self.counters["completion_calls"] += 1
-        try:
-            raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except ValueError as exc:
-                raise BadRequest(f"Invalid JSON body: {exc}") from None
-            if not isinstance(body, dict):
-                raise BadRequest(f"The request body must be a JSON object, got "
-                                 f"{type(body).__name__}.")
-            model = body.get("model") or ""
-            if not isinstance(model, str):
-                raise BadRequest("'model' must be a string.", "model")
-            prompts, keys = routing_keys(body, request.path == "/v1/chat/completions",
-                                         self.tokenizer)
-        except web.HTTPRequestEntityTooLarge:
-            return self._error(413, f"The request body is larger than the proxy's limit of "
-                               f"{self.config.max_request_bytes} bytes.", "bad_request")
-        except BadRequest as exc:
-            return self._error(exc.status, exc.message, "bad_request", param=exc.param)
-        if body.get("stream"):
-            return await self._stream(request, raw, keys[0], model)
-        return await self._dispatch(request.path, body, raw, prompts, keys, model)
-
-    async def _dispatch(self, path, body, raw, prompts, keys, model) -> web.Response:
-        """Route every prompt, send each replica its share, merge. A replica that refuses the
-        connection is marked down and its share routed again."""
-        pending = list(range(len(keys)))
-        results: dict[int, tuple] = {}  # prompt -> (replica, sub-answer, place in it, its size)
-        for _attempt in range(len(self.replicas)):
-            groups: dict[str, list[int]] = {}
-            try:
-                for i in pending:
-                    groups.setdefault(self.router.route(keys[i], model).replica, []).append(i)
-            except NoReplicaAvailable:
-                for replica, idxs in groups.items():
-                    for _ in idxs:
-                        self.router.finish(replica)
-                return self._no_replica()
-            whole = len(groups) == 1 and len(pending) == len(keys)
-            if len(groups) == 1:  # the usual case (one prompt): no gather, one task less
-                outcomes = [await self._send_share(path, body, raw if whole else None, prompts,
-                                                   *next(iter(groups.items())))]
-            else:
-                outcomes = await asyncio.gather(*(
-                    self._send_share(path, body, None, prompts, r, idxs)
-                    for r, idxs in groups.items()))
-            if whole and isinstance(outcomes[0], web.Response):
-                return outcomes[0]  # one replica took it all: its answer as it came
-            retry, failures = [], []
-            for (replica, idxs), out in zip(groups.items(), outcomes):
-                if isinstance(out, UpstreamError) and out.kind == "connect":
-                    self._mark_down(replica, out.message)
-                    retry += idxs
-                elif isinstance(out, dict):
-                    results.update((i, (replica, out, pos, len(idxs)))
-                                   for pos, i in enumerate(idxs))
-                else:
-                    failures.append((idxs[0], replica, out))
-            if failures:  # the failure of the earliest prompt is the answer (as one server)
-                _, replica, out = min(failures, key=lambda f: f[0])
-                return out if isinstance(out, web.Response) else self._upstream_error(out, replica)
-            if not retry:
-                break
-            self.counters["rerouted"] += len(retry)
-            pending = sorted(retry)
-        else:
-            return self._no_replica()
-        return self._merge(prompts, results)
-
-    async def _send_share(self, path, body, raw, prompts, replica, idxs):
-        """One replica's share of the prompts -> its parsed answer (dict), a finished response
-        (a relayed error, or the whole answer when `raw` is the original body), or an error."""
-        data = raw if raw is not None else json.dumps(
-            {**body, "prompt": [prompts[i] for i in idxs]}).encode()
-        try:
-            status, reply, ctype = await self._call(replica, path, data)
-        except UpstreamError as exc:
-            return exc
-        finally:
-            for _ in idxs:
-                self.router.finish(replica)
-        if raw is not None or not 200 <= status < 300:
-            return self._relay(status, reply, ctype, replica)
-        try:
-            answer = json.loads(reply)
-            choices = answer["choices"]
-            if len(choices) % len(idxs):
-                raise ValueError(f"{len(choices)} choices for {len(idxs)} prompts")
-            choices.sort(key=lambda c: c["index"])
-        except (ValueError, KeyError, TypeError) as exc:
-            return self._error(502, f"replica {replica} answered {status} with a body that is "
-                               f"not a JSON completion ({exc}): {reply[:100]!r}", "garbage",
-                               replica)
-        return answer
-
-    def _merge(self, prompts, results) -> web.Response:
-        """One answer from the sub-answers: choices in prompt order, `index` renumbered."""
-        self.counters["split_batches"] += 1
-        choices, usage, replicas, seen = [], {}, [], set()
-        for i in range(len(prompts)):
-            replica, answer, pos, share = results[i]
-            if id(answer) not in seen:  # count each sub-answer's usage once
-                seen.add(id(answer))
-                replicas.append(replica)
-                for key, value in (answer.get("usage") or {}).items():
-                    if isinstance(value, int):
-                        usage[key] = usage.get(key, 0) + value
-            per = len(answer["choices"]) // share  # n choices per prompt, prompt-major
-            for choice in answer["choices"][pos * per: (pos + 1) * per]:
-                choices.append({**choice, "index": len(choices)})
-        first = results[0][1]
-        merged = {**first, "choices": choices, "usage": usage or first.get("usage")}
-        return web.json_response(merged, headers={"X-Proxy-Upstream": ",".join(replicas)})
-
-    async def _stream(self, request, raw, key, model) -> web.StreamResponse:
-        """A streamed request goes to one replica (routed on its first prompt); bytes pass through."""
-        try:
-            replica = self.router.route(key, model).replica
-        except NoReplicaAvailable:
-            return self._no_replica()
-        out = None
-        try:
-            async with self._session.post(replica + request.path, data=raw) as reply:
-                out = web.StreamResponse(status=reply.status, headers={
-                    "Content-Type": reply.headers.get("Content-Type", "text/event-stream"),
-                    "X-Proxy-Upstream": replica})
-                await out.prepare(request)
-                async for chunk in reply.content.iter_any():
-                    await out.write(chunk)
-                await out.write_eof()
-                return out
-        except (aiohttp.ClientError, OSError) as exc:
-            err = _transport_error(replica, exc, self.config.request_timeout_s)
-            if err.kind == "connect":
-                self._mark_down(replica, err.message)
-            if out is None:
-                return self._upstream_error(err, replica)
-            return out  # already streaming: the client sees the stream end early
-        finally:
-            self.router.finish(replica)
-
     # ------------------------------------------------------------------ routes: the rest
+    # (completions: grpo_lab.proxy_completions)
 
     async def adapter_op(self, request: web.Request) -> web.Response:
         """Load or unload on every replica, one operation per adapter name at a time."""
@@ -723,47 +371,3 @@ async def run_proxy(config: ProxyConfig) -> None:
 
 def serve_proxy(config: ProxyConfig) -> None:
     asyncio.run(run_proxy(config))
-
-
-def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: int = 0,
-                        env: dict | None = None, log_path: str | os.PathLike | None = None,
-                        startup_timeout_s: float = 60.0, **flags) -> ServerProcess:
-    """Start `grpo-lab proxy --upstream URL ...` in its own process group; returns a handle with
-    `.url` and `.stop()` (also a context manager). `flags` are ProxyConfig fields
-    (`lora_retry_s=0.5` -> `--lora-retry-s 0.5`). Pass tokens through `env`, never argv."""
-    args = [sys.executable, "-m", "grpo_lab.cli", "proxy", "--host", host, "--port", str(port)]
-    for url in upstreams:
-        args += ["--upstream", url]
-    for name, value in flags.items():
-        if value is not None:
-            args += ["--" + name.replace("_", "-"), str(value)]
-    if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="grpo-lab-proxy-", suffix=".log")
-        os.close(fd)
-    log_path = Path(log_path)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    handle = ServerProcess(proc, log_path)
-    deadline = time.monotonic() + startup_timeout_s
-    try:
-        while handle.url is None:
-            for line in handle.log_text().splitlines():
-                if line.startswith(READY_MARKER):
-                    handle.url = line.split()[1]
-            if handle.url is None:
-                if not handle.running():
-                    raise RuntimeError(f"the proxy exited with status {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the proxy did not start in {startup_timeout_s} s")
-                time.sleep(0.05)
-        with urllib.request.urlopen(handle.url + "/proxy/stats", timeout=10) as reply:
-            if reply.status != 200:
-                raise RuntimeError(f"/proxy/stats answered {reply.status}")
-        return handle
-    except BaseException as exc:
-        handle.stop()
-        if isinstance(exc, RuntimeError | OSError):
-            raise RuntimeError(f"{exc}; command: {' '.join(args)}\nlog ({log_path}):\n"
-                               f"{handle.log_text()[-3000:]}") from None
-        raise

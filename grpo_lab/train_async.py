@@ -111,7 +111,7 @@ def _reset_live_versions(generator: HTTPGenerator, bucket: AdapterBucket) -> lis
 def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str | None = None,
                     resume: bool = False, checkpoint_every: int = 0, keep_checkpoints: int = 2,
                     api_key: str | None = None, prefix: str = "policy",
-                    request_retries: int = 3) -> dict:
+                    request_retries: int = 3, max_inflight: int | None = None) -> dict:
     """Train against `server_url`; returns (and writes) the run's summary."""
     if not config.output_dir:
         raise ValueError("train-async needs --output-dir")
@@ -144,7 +144,8 @@ def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str
 
     generator = LoggedHTTPGenerator(server_url, bucket, api_key=api_key,
                                     max_staleness=config.max_staleness, seed=config.seed,
-                                    log_path=out / "syncs.jsonl", retries=request_retries)
+                                    log_path=out / "syncs.jsonl", retries=request_retries,
+                                    max_inflight=max_inflight)
     try:
         trainer = ResumableAsyncGRPOTrainer(config, generator=_NotYetPublished())
         trainer.logger.records = list(previous)
@@ -204,6 +205,7 @@ def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str
             "resumed_from": latest.name if latest else None,
             "groups": totals(),
             "retried_requests": generator.retried,
+            "inflight_peak": generator.inflight_peak,
             "seconds": round(seconds, 1),
             "bucket": str(bucket.root),
         }
@@ -233,6 +235,9 @@ def add_train_async_parser(sub) -> None:
     parser.add_argument("--request-retries", type=int, default=3,
                         help="times a completion answered 502/503/504 (a replica died under it) "
                         "is sent again")
+    parser.add_argument("--max-inflight", type=int, default=None, metavar="N",
+                        help="most completion requests (one per prompt) in flight at once "
+                        "(default: all of a step's prompts)")
     parser.add_argument("--api-key-env", default=None, metavar="VAR",
                         help="environment variable holding the servers' bearer token")
     add_config_flags(parser, AsyncGRPOConfig)
@@ -246,6 +251,7 @@ def train_async_main(args) -> int:
         config, args.server_url, bucket_dir=args.bucket, resume=args.resume,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
-        prefix=args.adapter_prefix, request_retries=args.request_retries)
+        prefix=args.adapter_prefix, request_retries=args.request_retries,
+        max_inflight=args.max_inflight)
     print(json.dumps(summary, indent=2), flush=True)
     return 0

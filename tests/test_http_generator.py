@@ -91,3 +91,26 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
         assert loaded == ["run1-v3"] and bucket.versions() == [2, 3]
     finally:
         generator.close()
+
+
+@pytest.mark.parametrize("cap, expected_peak", [(1, 1), (2, 2), (None, 6)])
+def test_max_inflight_caps_the_requests_in_flight(server, tmp_path, peft_model,
+                                                  tiny_model_and_tokenizer, cap, expected_peak):
+    tokenizer = tiny_model_and_tokenizer[1]
+    bucket = AdapterBucket(tmp_path / "lora", prefix=f"cap{cap}", max_staleness=0)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0, max_inflight=cap)
+    try:
+        generator.publish(peft_model, 0)
+        prompts = [tokenizer(f"{i}+{i}=")["input_ids"] for i in range(6)]
+        out = generator.generate(prompts, version=0, num_generations=2, max_new_tokens=4,
+                                 temperature=1.0)
+        assert out.prompt_ids == [p for p in prompts for _ in range(2)]  # order kept under a cap
+        assert generator.inflight_peak == expected_peak
+    finally:
+        generator.client.unload_lora_adapter(generator.name(0))
+        generator.close()
+
+
+def test_max_inflight_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="max_inflight"):
+        HTTPGenerator("http://127.0.0.1:9", AdapterBucket(tmp_path), max_inflight=0)

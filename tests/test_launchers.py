@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,16 +23,24 @@ from huggingface_hub import Volume
 
 from grpo_lab.cli import field_docs, main
 from grpo_lab.dashboard import _router_counters, proxy_stats
-from grpo_lab.jobs import BucketMount, JobSpec, RecipeConfig, RunPlan, free_port, recipe_plan
-from grpo_lab.launchers import (
+from grpo_lab.hf_jobs import (
     HfJobsLauncher,
-    LaunchError,
-    LocalLauncher,
-    _main,
-    group_members,
+    build_package_wheel,
     hf_jobs_commands,
-    is_alive,
+    package_source,
+    upload_to_buckets,
 )
+from grpo_lab.jobs import (
+    PACKAGE_WHEEL,
+    BucketMount,
+    JobSpec,
+    RecipeConfig,
+    RunPlan,
+    free_port,
+    package_wheel_name,
+    recipe_plan,
+)
+from grpo_lab.launchers import LaunchError, LocalLauncher, _main, group_members, is_alive
 
 PY = sys.executable
 # A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores
@@ -296,6 +305,10 @@ def blog_plan():
 class FakeJobs:
     def __init__(self, fail_at: int | None = None):
         self.calls, self.cancelled, self.fail_at = [], [], fail_at
+        self.uploads = []  # (uploads, token) per upload call, in order with the job calls
+
+    def upload(self, uploads, token=None):
+        self.uploads.append((list(uploads), token, len(self.calls)))
 
     def run_job(self, **kwargs):
         self.calls.append(kwargs)
@@ -312,7 +325,7 @@ class FakeJobs:
 
 def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
     fake = FakeJobs()
-    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, cancel_job=fake.cancel_job,
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, cancel_job=fake.cancel_job,
                               environ={"HF_TOKEN": TOKEN})
     launcher.submit()
     replica_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
@@ -354,7 +367,7 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
 
 def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():
     fake = FakeJobs(fail_at=3)
-    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, cancel_job=fake.cancel_job,
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, cancel_job=fake.cancel_job,
                               environ={"HF_TOKEN": TOKEN})
     with pytest.raises(LaunchError, match="402"):
         launcher.submit()
@@ -364,7 +377,7 @@ def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():
 def test_hf_jobs_missing_token_submits_nothing():
     fake = FakeJobs()
     with pytest.raises(LaunchError, match="HF_TOKEN"):
-        HfJobsLauncher(blog_plan(), run_job=fake.run_job, environ={}).submit()
+        HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, environ={}).submit()
     assert fake.calls == []
 
 
@@ -398,18 +411,31 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
         #!{PY}
         import json, pathlib, sys
         log = pathlib.Path({str(tmp_path / "calls.jsonl")!r})
-        calls = log.read_text().splitlines() if log.exists() else []
+        calls = [c for c in (log.read_text().splitlines() if log.exists() else [])
+                 if c.startswith('["jobs"')]
         log.open("a").write(json.dumps(sys.argv[1:]) + "\\n")
         print(f"{{len(calls) + 1:024x}}")
     """))
     (bin_dir / "hf").chmod(0o755)
+    (bin_dir / "python3").write_text(textwrap.dedent(f"""\
+        #!{PY}
+        import json, pathlib, sys
+        pathlib.Path({str(tmp_path / "python3.json")!r}).write_text(json.dumps(sys.argv[1:]))
+    """))
+    (bin_dir / "python3").chmod(0o755)
     script = tmp_path / "launch.sh"
     script.write_text("set -e\n" + hf_jobs_commands(blog_plan()) + "\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     subprocess.run(["bash", str(script)], check=True, env=env, timeout=30)
     recorded = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    # first the grpo_lab wheel: built here, copied into the bucket the jobs install it from
+    wheel = package_wheel_name()
+    built = json.loads((tmp_path / "python3.json").read_text())
+    assert built[:5] == ["-m", "pip", "wheel", "--no-deps", "--quiet"]
+    assert built[-3:] == ["--wheel-dir", "dist", str(package_source())]
+    assert recorded.pop(0) == ["buckets", "cp", f"dist/{wheel}", f"{BUCKET}/wheels/{wheel}"]
     fake = FakeJobs()
-    HfJobsLauncher(blog_plan(), run_job=fake.run_job, environ={"HF_TOKEN": TOKEN}).submit()
+    HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, environ={"HF_TOKEN": TOKEN}).submit()
     assert len(recorded) == len(fake.calls) == 3
     for argv, call in zip(recorded, fake.calls):
         split = argv.index("--")
@@ -436,3 +462,54 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"volumes  {BUCKET}:/lora" in out.stdout and "secrets  HF_TOKEN" in out.stdout
     assert "grpo-lab proxy --host 127.0.0.1" in out.stdout
+
+
+def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job():
+    fake = FakeJobs()
+    HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload,
+                   environ={"HF_TOKEN": TOKEN}).submit()
+    wheel = package_wheel_name()
+    assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/wheels/{wheel}")], TOKEN, 0)]
+    assert f"\npip install --quiet /lora/wheels/{wheel}\n" in fake.calls[2]["command"][2]
+    # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount
+    cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu", replica_flavor="cpu-upgrade")
+    assert f"pip install --quiet /lora/wheels/{wheel}\nexec grpo-lab serve" in cpu["replica-0"].command[2]
+    # an install command of your own: nothing to upload
+    own = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="own",
+                      install="pip install git+https://github.com/me/grpo_lab")
+    assert own.uploads == [] and "\npip install git+https://github.com/me/grpo_lab\n" in \
+        own["trainer"].command[2]
+
+
+def test_hf_jobs_a_failed_upload_submits_nothing():
+    fake = FakeJobs()
+
+    def upload(uploads, token=None):
+        raise RuntimeError("403 Forbidden")
+
+    with pytest.raises(LaunchError, match="403 Forbidden.*no job was submitted"):
+        HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=upload,
+                       environ={"HF_TOKEN": TOKEN}).submit()
+    assert fake.calls == []
+
+
+def test_the_wheel_ships_the_package_and_goes_to_the_named_bucket(tmp_path):
+    """A real `pip wheel` of this checkout (offline: no build isolation), uploaded through a
+    stand-in for HfApi.batch_bucket_files."""
+    seen = []
+
+    class Api:
+        def batch_bucket_files(self, bucket_id, *, add, token):
+            [(path, in_bucket)] = add
+            with zipfile.ZipFile(path) as wheel:
+                seen.append((bucket_id, in_bucket, token, set(wheel.namelist())))
+
+    upload_to_buckets([(PACKAGE_WHEEL, f"{BUCKET}/sub/wheels/{package_wheel_name()}")],
+                      token=TOKEN, api=Api(),
+                      build_wheel=lambda out: build_package_wheel(out, isolated=False))
+    [(bucket_id, in_bucket, token, names)] = seen
+    assert (bucket_id, in_bucket, token) == ("me/grpo-lora", f"sub/wheels/{package_wheel_name()}",
+                                             TOKEN)
+    assert {"grpo_lab/cli.py", "grpo_lab/hf_jobs.py", "grpo_lab/server.py"} <= names
+    with pytest.raises(ValueError, match="Storage Bucket"):
+        upload_to_buckets([("x.whl", "hf://buckets/me")], api=Api())

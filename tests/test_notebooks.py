@@ -32,10 +32,15 @@ CHECKS = {
     and r["replay_unmatched_pct"] <= 15.5 and r["group_affinity"] == 1.0 and r["batch_in_order"]
     and r["lagged_load_status"] == 200 and r["load_retries"] >= 1
     and r["failed_load_status"] == 500 and r["rollbacks"] == 1 and r["on_part_of_fleet"] == 0,
-    "07_separate_jobs": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10
+    "07_multi_job_async_lora": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10
     and r["syncs"] == r["steps"] + 1 and min(r["routed"]) > 0
     and len(r["served"]) == r["max_staleness"] + 1
     and len(r["bucket_versions"]) == r["max_staleness"] + 2,
+    "08_reading_the_pipeline": lambda r: r["bottlenecks"] == r["expected"]
+    == ["trainer", "generation", "generation", "trainer", "trainer"]
+    and r["wait_share"]["r2-token-budget"] > 0.2 and r["held_back_share"]["r4-lift-cap"] > 0.2
+    and r["inflight_peak"]["r3-two-replicas"] == 1
+    and r["weight_sync_s"]["r5-sync-every-4"] < r["weight_sync_s"]["r4-lift-cap"],
 }
 
 

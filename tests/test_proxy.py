@@ -15,7 +15,8 @@ from proxy_stubs import StubReplica, fleet, run
 
 from grpo_lab.cli import build_parser, config_from_args, field_docs
 from grpo_lab.prompt_keys import pseudo_tokens
-from grpo_lab.proxy import ProxyConfig, start_proxy_process
+from grpo_lab.proxy_config import ProxyConfig
+from grpo_lab.proxy_process import start_proxy_process
 
 BS = 16
 P1 = list(range(1000, 1000 + 3 * BS))  # three full blocks

@@ -1,0 +1,157 @@
+"""Benchmark synchronous GRPO in one process against the multi-job asynchronous run.
+
+    python benchmarks/multi_job_vs_sync.py            # ~4 minutes on 2 cores
+    python benchmarks/multi_job_vs_sync.py --quick    # fewer steps (a smoke run)
+
+Same task (2-digit addition), same samples (steps x 16 prompts x 8 completions), same machine,
+one run of this script, runs side by side:
+
+1. **Synchronous, one process** (`AsyncGRPOConfig(asynchronous=False)`: generate, then train, in
+   one thread), at 1 and at 2 torch threads. Its own per-step medians give the generation time
+   G and the rest of the step T (training, weight sync, collating); overlapping the two can at
+   best turn G + T into max(G, T): **pipeline limit = (G + T) / max(G, T)**.
+2. **Multi-job** (`grpo-lab demo --jobs local`'s code, grpo_lab.multi_job): the trainer,
+   the proxy and 1 or 2 replicas, each its own OS process, adapters through a bucket folder,
+   rollouts over HTTP on loopback.
+
+How the cores are shared (2 here): the synchronous run has the machine to itself, with 1 or 2
+torch threads. In the multi-job run every process has one torch thread (OMP_NUM_THREADS=1):
+with one replica the trainer and the replica each have a core; with two replicas three
+torch threads share two cores, and the proxy takes a little of them too.
+
+Reported: training wall time (first step to last, no evaluation, no process start-up, which is
+reported apart), samples/s, the speedup over each synchronous run, and its ratio to the
+pipeline limit computed from that synchronous run's own G and T. The best of `--repeats` is
+kept for each configuration (other processes on a shared machine slow single runs).
+Results go to benchmarks/results/multi_job_vs_sync.json and are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.metrics import read_metrics  # noqa: E402
+from grpo_lab.multi_job import run_multi_job_demo  # noqa: E402
+
+PROMPTS, GENERATIONS = 16, 8
+
+
+def median(records: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in records)
+
+
+def sync_run(steps: int, threads: int, seed: int) -> dict:
+    """Generate then train in one thread of this process; per-step G and T from its metrics."""
+    config = AsyncGRPOConfig(steps=steps, seed=seed, asynchronous=False, eval_every=0,
+                             eval_size=64, progress=False, log_every=10 ** 6,
+                             generator_threads=threads, trainer_threads=threads)
+    records = [r for r in AsyncGRPOTrainer(config).train() if r["step"] > 0]
+    G = median(records, "perf/generate_s")
+    T = median(records, "perf/step_s") - G  # everything else: collate, fwd+bwd, weight sync
+    wall = records[-1]["time_s"]
+    return {"kind": f"sync, 1 process, {threads} thread{'s' * (threads > 1)}",
+            "threads": threads, "wall_s": wall, "samples_per_s": steps * PROMPTS * GENERATIONS / wall,
+            "G_s": G, "T_s": T, "step_s": median(records, "perf/step_s"),
+            "pipeline_limit": (G + T) / max(G, T)}
+
+
+def multi_job_run(steps: int, replicas: int, seed: int) -> dict:
+    """The main job's processes; training time from the trainer's own metrics."""
+    with tempfile.TemporaryDirectory(prefix="bench-multi-job-") as tmp:
+        config = AsyncGRPOConfig(steps=steps, seed=seed, eval_every=0, eval_size=64,
+                                 progress=False, max_staleness=1, output_dir=tmp)
+        with contextlib.redirect_stdout(io.StringIO()):  # the demo's summary table
+            summary = run_multi_job_demo(config, replicas=replicas, min_gain=0.0, timeout_s=900)
+        records = [r for r in read_metrics(Path(tmp) / "bucket" / "train") if r.get("step", 0) > 0]
+    wall = records[-1]["time_s"]
+    return {"kind": f"multi-job: trainer + proxy + {replicas} replica{'s' * (replicas > 1)}",
+            "replicas": replicas, "wall_s": wall,
+            "samples_per_s": steps * PROMPTS * GENERATIONS / wall,
+            "step_s": median(records, "perf/step_s"),
+            "rollout_wait_s": median(records, "perf/rollout_wait_s"),
+            "fwd_bwd_s": median(records, "perf/fwd_bwd_s"),
+            "weight_sync_s": median(records, "perf/weight_sync_s"),
+            "staleness_mean": statistics.fmean(r["sample/staleness_mean"] for r in records),
+            "startup_s": summary["startup_s"], "total_wall_s": summary["wall_s"],
+            "accuracy_gain": summary["accuracy_gain"]}
+
+
+def best(runs: list[dict]) -> dict:
+    return min(runs, key=lambda r: r["wall_s"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="30 steps, one repeat")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" /
+                                             "multi_job_vs_sync.json"))
+    args = parser.parse_args(argv)
+    steps, repeats = (30, 1) if args.quick else (args.steps, args.repeats)
+
+    runs: dict[str, list[dict]] = {}
+    for repeat in range(repeats):  # alternate the configurations: drift hits all of them
+        for name, make in (("sync1", lambda: sync_run(steps, 1, args.seed)),
+                           ("sync2", lambda: sync_run(steps, 2, args.seed)),
+                           ("jobs1", lambda: multi_job_run(steps, 1, args.seed)),
+                           ("jobs2", lambda: multi_job_run(steps, 2, args.seed))):
+            result = make()
+            runs.setdefault(name, []).append(result)
+            print(f"[{repeat + 1}/{repeats}] {result['kind']}: {result['wall_s']:.1f} s, "
+                  f"{result['samples_per_s']:.0f} samples/s", file=sys.stderr, flush=True)
+    kept = {name: best(rs) for name, rs in runs.items()}
+    comparisons = {}
+    for jobs in ("jobs1", "jobs2"):
+        for sync in ("sync1", "sync2"):
+            speedup = kept[sync]["wall_s"] / kept[jobs]["wall_s"]
+            comparisons[f"{jobs}_vs_{sync}"] = {
+                "speedup": speedup, "pipeline_limit": kept[sync]["pipeline_limit"],
+                "speedup_over_limit": speedup / kept[sync]["pipeline_limit"]}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "omp_num_threads": os.environ["OMP_NUM_THREADS"]},
+        "steps": steps, "samples": steps * PROMPTS * GENERATIONS, "repeats": repeats,
+        "cores": "sync: the whole machine, 1 or 2 torch threads in one process; multi-job: one "
+                 "torch thread per process (trainer, each replica), the proxy beside them, all "
+                 "on the same 2 cores",
+        "runs": kept, "all_runs": runs, "comparisons": comparisons,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+    print(f"\n{steps} steps x {PROMPTS} prompts x {GENERATIONS} samples = "
+          f"{result['samples']} samples per run, best of {repeats}")
+    print(f"{'run':<44} {'wall s':>7} {'samples/s':>10} {'G s':>6} {'T s':>6} {'limit':>6}")
+    for r in kept.values():
+        g, t, lim = (f"{r[k]:.3f}" if k in r else "" for k in ("G_s", "T_s", "pipeline_limit"))
+        print(f"{r['kind']:<44} {r['wall_s']:>7.1f} {r['samples_per_s']:>10.0f} {g:>6} {t:>6} "
+              f"{lim:>6}")
+    print()
+    for name, c in comparisons.items():
+        print(f"{name:<16} speedup {c['speedup']:.3f}  limit {c['pipeline_limit']:.3f}  "
+              f"speedup / limit {c['speedup_over_limit']:.3f}")
+    for jobs in ("jobs1", "jobs2"):
+        r = kept[jobs]
+        print(f"{r['kind']}: start-up {r['startup_s']:.0f} s (not in wall), "
+              f"step {r['step_s']:.3f} s = fwd+bwd {r['fwd_bwd_s']:.3f} + wait "
+              f"{r['rollout_wait_s']:.3f} + sync {r['weight_sync_s']:.3f} (medians), "
+              f"accuracy {100 * r['accuracy_gain']:+.1f} points")
+    print(f"\nwritten to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
