@@ -52,25 +52,29 @@ def median(records: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in records)
 
 
-def sync_run(steps: int, threads: int, seed: int) -> dict:
+def sync_run(steps: int, threads: int, seed: int, eval_size: int = 256) -> dict:
     """Generate then train in one thread of this process; per-step G and T from its metrics."""
     config = AsyncGRPOConfig(steps=steps, seed=seed, asynchronous=False, eval_every=0,
-                             eval_size=64, progress=False, log_every=10 ** 6,
+                             eval_size=eval_size, progress=False, log_every=10 ** 6,
                              generator_threads=threads, trainer_threads=threads)
-    records = [r for r in AsyncGRPOTrainer(config).train() if r["step"] > 0]
+    trainer = AsyncGRPOTrainer(config)
+    records = [r for r in trainer.train() if r["step"] > 0]
+    history = trainer.accuracy_history
     G = median(records, "perf/generate_s")
     T = median(records, "perf/step_s") - G  # everything else: collate, fwd+bwd, weight sync
     wall = records[-1]["time_s"]
     return {"kind": f"sync, 1 process, {threads} thread{'s' * (threads > 1)}",
             "threads": threads, "wall_s": wall, "samples_per_s": steps * PROMPTS * GENERATIONS / wall,
             "G_s": G, "T_s": T, "step_s": median(records, "perf/step_s"),
-            "pipeline_limit": (G + T) / max(G, T)}
+            "pipeline_limit": (G + T) / max(G, T),
+            "accuracy_before": history[0][1], "accuracy_after": history[-1][1],
+            **reward_trend(records)}
 
 
-def multi_job_run(steps: int, replicas: int, seed: int) -> dict:
+def multi_job_run(steps: int, replicas: int, seed: int, eval_size: int = 256) -> dict:
     """The main job's processes; training time from the trainer's own metrics."""
     with tempfile.TemporaryDirectory(prefix="bench-multi-job-") as tmp:
-        config = AsyncGRPOConfig(steps=steps, seed=seed, eval_every=0, eval_size=64,
+        config = AsyncGRPOConfig(steps=steps, seed=seed, eval_every=0, eval_size=eval_size,
                                  progress=False, max_staleness=1, output_dir=tmp)
         with contextlib.redirect_stdout(io.StringIO()):  # the demo's summary table
             summary = run_multi_job_demo(config, replicas=replicas, min_gain=0.0, timeout_s=900)
@@ -85,7 +89,14 @@ def multi_job_run(steps: int, replicas: int, seed: int) -> dict:
             "weight_sync_s": median(records, "perf/weight_sync_s"),
             "staleness_mean": statistics.fmean(r["sample/staleness_mean"] for r in records),
             "startup_s": summary["startup_s"], "total_wall_s": summary["wall_s"],
-            "accuracy_gain": summary["accuracy_gain"]}
+            "accuracy_before": summary["accuracy_before"],
+            "accuracy_after": summary["accuracy_after"], **reward_trend(records)}
+
+
+def reward_trend(records: list[dict]) -> dict:
+    """Mean reward of the first and last 20 steps: both kinds of run must learn alike."""
+    return {"reward_first20": statistics.fmean(r["reward"] for r in records[:20]),
+            "reward_last20": statistics.fmean(r["reward"] for r in records[-20:])}
 
 
 def best(runs: list[dict]) -> dict:
@@ -95,6 +106,7 @@ def best(runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--eval-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="30 steps, one repeat")
@@ -105,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, list[dict]] = {}
     for repeat in range(repeats):  # alternate the configurations: drift hits all of them
-        for name, make in (("sync1", lambda: sync_run(steps, 1, args.seed)),
-                           ("sync2", lambda: sync_run(steps, 2, args.seed)),
-                           ("jobs1", lambda: multi_job_run(steps, 1, args.seed)),
-                           ("jobs2", lambda: multi_job_run(steps, 2, args.seed))):
+        for name, make in (("sync1", lambda: sync_run(steps, 1, args.seed, args.eval_size)),
+                           ("sync2", lambda: sync_run(steps, 2, args.seed, args.eval_size)),
+                           ("jobs1", lambda: multi_job_run(steps, 1, args.seed, args.eval_size)),
+                           ("jobs2", lambda: multi_job_run(steps, 2, args.seed, args.eval_size))):
             result = make()
             runs.setdefault(name, []).append(result)
             print(f"[{repeat + 1}/{repeats}] {result['kind']}: {result['wall_s']:.1f} s, "
@@ -134,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{steps} steps x {PROMPTS} prompts x {GENERATIONS} samples = "
           f"{result['samples']} samples per run, best of {repeats}")
-    print(f"{'run':<44} {'wall s':>7} {'samples/s':>10} {'G s':>6} {'T s':>6} {'limit':>6}")
+    print(f"{'run':<44} {'wall s':>7} {'samples/s':>10} {'G s':>6} {'T s':>6} {'limit':>6} "
+          f"{'reward first/last 20 steps':>27} {'accuracy':>15}")
     for r in kept.values():
         g, t, lim = (f"{r[k]:.3f}" if k in r else "" for k in ("G_s", "T_s", "pipeline_limit"))
         print(f"{r['kind']:<44} {r['wall_s']:>7.1f} {r['samples_per_s']:>10.0f} {g:>6} {t:>6} "
-              f"{lim:>6}")
+              f"{lim:>6} {r['reward_first20']:>13.3f} / {r['reward_last20']:.3f} "
+              f"{r['accuracy_before']:>7.1%} -> {r['accuracy_after']:.1%}")
     print()
     for name, c in comparisons.items():
         print(f"{name:<16} speedup {c['speedup']:.3f}  limit {c['pipeline_limit']:.3f}  "
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['kind']}: start-up {r['startup_s']:.0f} s (not in wall), "
               f"step {r['step_s']:.3f} s = fwd+bwd {r['fwd_bwd_s']:.3f} + wait "
               f"{r['rollout_wait_s']:.3f} + sync {r['weight_sync_s']:.3f} (medians), "
-              f"accuracy {100 * r['accuracy_gain']:+.1f} points")
+              f"staleness {r['staleness_mean']:.2f}")
     print(f"\nwritten to {args.out}")
     return 0
 

@@ -11,14 +11,9 @@ servers through grpo_lab.server_process: it waits until the proxy says it is rea
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
-from .server_process import ServerProcess
+from .server_process import ServerProcess, spawn_until_ready
 
 READY_MARKER = "GRPO_LAB_PROXY_READY"
 
@@ -35,33 +30,6 @@ def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: 
     for name, value in flags.items():
         if value is not None:
             args += ["--" + name.replace("_", "-"), str(value)]
-    if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="grpo-lab-proxy-", suffix=".log")
-        os.close(fd)
-    log_path = Path(log_path)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    handle = ServerProcess(proc, log_path)
-    deadline = time.monotonic() + startup_timeout_s
-    try:
-        while handle.url is None:
-            for line in handle.log_text().splitlines():
-                if line.startswith(READY_MARKER):
-                    handle.url = line.split()[1]
-            if handle.url is None:
-                if not handle.running():
-                    raise RuntimeError(f"the proxy exited with status {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the proxy did not start in {startup_timeout_s} s")
-                time.sleep(0.05)
-        with urllib.request.urlopen(handle.url + "/proxy/stats", timeout=10) as reply:
-            if reply.status != 200:
-                raise RuntimeError(f"/proxy/stats answered {reply.status}")
-        return handle
-    except BaseException as exc:
-        handle.stop()
-        if isinstance(exc, RuntimeError | OSError):
-            raise RuntimeError(f"{exc}; command: {' '.join(args)}\nlog ({log_path}):\n"
-                               f"{handle.log_text()[-3000:]}") from None
-        raise
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return spawn_until_ready(args, env, ready_marker=READY_MARKER, ready_path="/proxy/stats",
+                             what="proxy", log_path=log_path, startup_timeout_s=startup_timeout_s)

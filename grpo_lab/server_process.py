@@ -126,39 +126,52 @@ def start_server_process(
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
                 "OMP_NUM_THREADS": str(flags["num_threads"]), "TOKENIZERS_PARALLELISM": "false",
                 "PYTHONUNBUFFERED": "1", **(env or {})}
+    return spawn_until_ready(args, proc_env, ready_marker=READY_MARKER, ready_path="/health",
+                             what="server", log_path=log_path, startup_timeout_s=startup_timeout_s,
+                             api_key=flags.get("api_key"))
+
+
+def spawn_until_ready(args: list[str], env: dict, *, ready_marker: str, ready_path: str,
+                      what: str, log_path: str | os.PathLike | None = None,
+                      startup_timeout_s: float = 180.0, api_key: str | None = None) -> ServerProcess:
+    """Start `args` in a process group of its own (output to a log file), wait for the line
+    `<ready_marker> <url>` in its log, then until `<url><ready_path>` answers 200.
+
+    On failure (it exits, or the time runs out) the process is stopped and RuntimeError names
+    the command and shows the log's tail."""
     if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="grpo-lab-serve-", suffix=".log")
+        fd, log_path = tempfile.mkstemp(prefix=f"grpo-lab-{what}-", suffix=".log")
         os.close(fd)
     log_path = Path(log_path)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=proc_env,
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    server = ServerProcess(proc, log_path, api_key=flags.get("api_key"))
+    handle = ServerProcess(proc, log_path, api_key=api_key)
     deadline = time.monotonic() + startup_timeout_s
     try:
-        while server.url is None:
-            for line in server.log_text().splitlines():
-                if line.startswith(READY_MARKER):
-                    server.url = line.split()[1]
-            if server.url is None:
-                if not server.running():
-                    raise RuntimeError(f"the server exited with status {proc.returncode}")
+        while handle.url is None:  # 1. the socket is bound: the log names the URL
+            for line in handle.log_text().splitlines():
+                if line.startswith(ready_marker):
+                    handle.url = line.split()[1]
+            if handle.url is None:
+                if not handle.running():
+                    raise RuntimeError(f"the {what} exited with status {proc.returncode}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not start in {startup_timeout_s} s")
-                time.sleep(0.1)
-        while True:  # the socket is bound; wait until the engine says it is healthy
+                    raise RuntimeError(f"the {what} did not start in {startup_timeout_s} s")
+                time.sleep(0.05)
+        while True:  # 2. it answers (a server: once its engine is healthy)
             try:
-                with urllib.request.urlopen(server.url + "/health", timeout=5) as reply:
+                with urllib.request.urlopen(handle.url + ready_path, timeout=5) as reply:
                     if reply.status == 200:
-                        return server
+                        return handle
             except OSError:
                 pass
-            if time.monotonic() > deadline or not server.running():
-                raise RuntimeError("the server never answered /health with 200")
+            if time.monotonic() > deadline or not handle.running():
+                raise RuntimeError(f"the {what} never answered {ready_path} with 200")
             time.sleep(0.1)
     except BaseException as exc:
-        server.stop()
+        handle.stop()
         if isinstance(exc, RuntimeError):
             raise RuntimeError(f"{exc}; command: {' '.join(args)}\nlog ({log_path}):\n"
-                               f"{server.log_text()[-3000:]}") from None
+                               f"{handle.log_text()[-3000:]}") from None
         raise
