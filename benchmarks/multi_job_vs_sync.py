@@ -1,10 +1,11 @@
 """Benchmark synchronous GRPO in one process against the multi-job asynchronous run.
 
-    python benchmarks/multi_job_vs_sync.py            # ~4 minutes on 2 cores
+    python benchmarks/multi_job_vs_sync.py            # ~5 minutes on 2 cores
     python benchmarks/multi_job_vs_sync.py --quick    # fewer steps (a smoke run)
 
 Same task (2-digit addition), same samples (steps x 16 prompts x 8 completions), same machine,
-one run of this script, runs side by side:
+one run of this script; the configurations run one after the other, alternating, so each has
+the machine to itself:
 
 1. **Synchronous, one process** (`AsyncGRPOConfig(asynchronous=False)`: generate, then train, in
    one thread), at 1 and at 2 torch threads. Its own per-step medians give the generation time
@@ -16,13 +17,17 @@ one run of this script, runs side by side:
 
 How the cores are shared (2 here): the synchronous run has the machine to itself, with 1 or 2
 torch threads. In the multi-job run every process has one torch thread (OMP_NUM_THREADS=1):
-with one replica the trainer and the replica each have a core; with two replicas three
-torch threads share two cores, and the proxy takes a little of them too.
+with one replica the trainer and the replica each have a core, and the proxy (every completion
+passes through it) and this script (it reads the trainer's metrics every 0.5 s) take a little of
+them; with two replicas three torch threads share two cores.
 
-Reported: training wall time (first step to last, no evaluation, no process start-up, which is
-reported apart), samples/s, the speedup over each synchronous run, and its ratio to the
-pipeline limit computed from that synchronous run's own G and T. The best of `--repeats` is
-kept for each configuration (other processes on a shared machine slow single runs).
+Reported: training wall time (first step to last, from the trainer's own `time_s`: no
+evaluation, no start-up; the replicas' and proxy's start-up is reported apart, the trainer
+process's own start-up and evaluations only in `total_wall_s`), samples/s, the speedup over
+each synchronous run, and its ratio to the pipeline limit computed from that synchronous run's
+own G and T; reward over the first and last 20 steps and greedy accuracy before and after show
+that both kinds of run learn alike from the same samples. The best of `--repeats` is kept for
+each configuration (other processes on a shared machine slow single runs).
 Results go to benchmarks/results/multi_job_vs_sync.json and are printed.
 """
 

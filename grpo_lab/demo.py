@@ -1,8 +1,8 @@
-"""The main job (`grpo-lab demo`, `make demo`): LoRA GRPO on the tiny offline model, end to end.
+"""`grpo-lab demo --jobs none`: the main job's budget as synchronous LoRA GRPO in one process.
 
-Until the multi-job course (notebook 07) lands, the main job is synchronous GRPO in one process:
-build or load the tiny model, train a rank-1 adapter, and leave a run folder with the metrics,
-the adapter, a plot and a summary.
+Build or load the tiny model, train a rank-1 adapter, and leave a run folder with the metrics,
+the adapter, a plot and a summary. The default main job (`grpo-lab demo`, `make demo`) runs the
+recipe's separate jobs instead: grpo_lab.multi_job.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,19 +38,30 @@ def package_source() -> Path:
     return source
 
 
-def wheel_command(out_dir: str | Path, *, isolated: bool = True) -> list[str]:
-    """`pip wheel` of this checkout into out_dir (isolated: pip fetches the build backend)."""
+def wheel_command(source: str | Path, out_dir: str | Path, *, isolated: bool = True) -> list[str]:
+    """`pip wheel` of the package at `source` into out_dir (isolated: pip fetches the build
+    backend, setuptools, from PyPI)."""
     return [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
             *([] if isolated else ["--no-build-isolation"]), "--wheel-dir", str(out_dir),
-            str(package_source())]
+            str(source)]
 
 
 def build_package_wheel(out_dir: str | Path, *, isolated: bool = True) -> Path:
-    """Build the wheel the HF jobs install; returns its path."""
-    subprocess.run(wheel_command(out_dir, isolated=isolated), check=True, timeout=600)
+    """Build the wheel the HF jobs install; returns its path. The build runs on a clean copy of
+    the package's files, never in the checkout: setuptools' `build/` folder there would keep
+    modules that have since been moved or deleted, and ship them."""
+    source = package_source()
+    with tempfile.TemporaryDirectory(prefix="grpo-lab-wheel-src-") as copy:
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            if (source / name).is_file():
+                shutil.copy2(source / name, Path(copy) / name)
+        shutil.copytree(source / "grpo_lab", Path(copy) / "grpo_lab",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        subprocess.run(wheel_command(copy, out_dir, isolated=isolated), check=True, timeout=600)
     wheel = Path(out_dir) / package_wheel_name()
     if not wheel.is_file():
-        raise LaunchError(f"pip wheel did not produce {wheel}")
+        raise LaunchError(f"pip wheel did not produce {wheel}: found "
+                          f"{sorted(p.name for p in Path(out_dir).glob('*.whl'))}")
     return wheel
 
 
@@ -228,7 +240,7 @@ def hf_jobs_commands(plan: RunPlan, namespace: str | None = None) -> str:
     for source, destination in plan.uploads:
         if source == PACKAGE_WHEEL:
             lines.append("# the grpo_lab wheel the jobs install, through the bucket")
-            lines.append(shlex.join(["python3", *wheel_command("dist")[1:]]))
+            lines.append(shlex.join(["python3", *wheel_command(package_source(), "dist")[1:]]))
             source = f"dist/{package_wheel_name()}"
         lines.append(shlex.join(["hf", "buckets", "cp", source, destination]))
     for job in plan.jobs:

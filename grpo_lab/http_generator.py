@@ -63,8 +63,10 @@ class HTTPGenerator:
         self.retried = 0
         """Completion requests and weight-sync calls sent again so far."""
         self.max_inflight = max_inflight
-        """Most completion requests in flight at once (None = one step's prompts all at once):
-        the recipe's "client cap on in-flight requests", a knob of the pipeline's balance."""
+        """Most completion requests in flight at once within one `generate` call (None = all of
+        its prompts at once): the recipe's "client cap on in-flight requests", a knob of the
+        pipeline's balance. A request is one prompt with n = G completions; the async trainer's
+        worker generates one step at a time, so a cap above prompts_per_step changes nothing."""
         self.inflight_peak = 0
         """The most requests that were in flight at once so far."""
         self._inflight = 0
@@ -90,12 +92,13 @@ class HTTPGenerator:
                           retry_not_found_s=self.load_timeout_s,
                           retry_every_s=self.retry_every_s)
             t3 = time.perf_counter()
+            with self._lock:  # on the server from now on, even if resume fails
+                self.loaded.append(version)
         finally:
             self._control(self.client.resume)  # 4.
         t4 = time.perf_counter()
         with self._lock:
             self._latest = version
-            self.loaded.append(version)
             retire = [v for v in self.loaded if v < version - self.max_staleness]
         for old in retire:  # 5.
             self._control(self.client.unload_lora_adapter, self.name(old), unload=True)

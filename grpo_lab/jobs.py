@@ -224,11 +224,24 @@ WHEELS_DIR = "wheels"
 """Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
 
 
+def package_version() -> str:
+    """This grpo_lab's version: from the checkout's pyproject.toml (what a wheel built from it
+    gets), else from the installed package's metadata."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+    try:
+        return version("grpo_lab")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def package_wheel_name() -> str:
     """The file name `pip wheel` gives this grpo_lab (pure Python: py3-none-any)."""
-    from importlib.metadata import version
-
-    return f"grpo_lab-{version('grpo_lab')}-py3-none-any.whl"
+    return f"grpo_lab-{package_version()}-py3-none-any.whl"
 
 
 DEFAULT_TRAINER_ARGS = (
@@ -275,8 +288,9 @@ class RecipeConfig:
     """Longest run of each HF job."""
     install: str | None = None
     """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
-    checkout, built and copied into the bucket at submission (`<bucket>/wheels/`), installed
-    from the mount; e.g. `pip install git+https://github.com/<you>/grpo_lab` instead."""
+    checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
+    installed from the mount. Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
+    `true` for an image that already has it."""
     run_name: str | None = None
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0
@@ -388,10 +402,12 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONUNBUFFERED": "1"}
     install, uploads = cfg.install, []
-    if install is None:  # ship this checkout: a wheel through the bucket every job mounts
-        wheel = package_wheel_name()
-        uploads = [(PACKAGE_WHEEL, f"{cfg.bucket.rstrip('/')}/{WHEELS_DIR}/{wheel}")]
-        install = f"pip install --quiet {mount}/{WHEELS_DIR}/{wheel}"
+    if install is None:  # ship this checkout: a wheel in the run's folder of the bucket
+        wheel = f"{run_name}/{WHEELS_DIR}/{package_wheel_name()}"
+        uploads = [(PACKAGE_WHEEL, f"{cfg.bucket.rstrip('/')}/{wheel}")]
+        # a mount may show a new file some seconds after the upload: wait for it (10 min at most)
+        install = (f"for _ in $(seq 120); do test -f {mount}/{wheel} && break; sleep 5; done\n"
+                   f"pip install --quiet {mount}/{wheel}")
     jobs = []
     for i in range(cfg.replicas):
         if engine == "vllm":

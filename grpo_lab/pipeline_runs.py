@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,10 +70,12 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
                    progress: bool = True, **config_fields) -> KnobRun:
     """Train `steps` asynchronous LoRA GRPO steps against `server_url` and diagnose the run.
 
-    `config_fields` go to AsyncGRPOConfig (token_budget=32, weight_sync_steps=4, ...). The run
-    publishes its adapters as `<name>-vN` into `<bucket_root>/<name>` and unloads them from the
-    servers at the end, so runs can follow each other on the same replicas. `replicas` is only
-    recorded (how many replicas `server_url` leads to).
+    `config_fields` go to AsyncGRPOConfig (e.g. `token_budget=32`, `weight_sync_steps=4`).
+    The run publishes its adapters as `<name>-<id>-vN` (a new id per call: servers key their
+    prefix caches by adapter name, so a re-run never reuses one) into `<bucket_root>`, and
+    unloads them from the servers at the end, even after an error, so runs can follow each
+    other on the same replicas. `replicas` is only recorded (how many replicas `server_url`
+    leads to).
     """
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ValueError(f"a run name is also its adapters' name: use letters, digits, - _ . "
@@ -80,7 +84,8 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
         raise ValueError(f"need 1 <= window <= steps (got window {window}, steps {steps})")
     config = AsyncGRPOConfig(**{"eval_every": 0, "eval_size": 16, "log_every": 10 ** 9,
                                 "progress": progress, **config_fields, "steps": steps})
-    bucket = AdapterBucket(Path(bucket_root) / name, prefix=name,
+    prefix = f"{name}-{uuid.uuid4().hex[:6]}"
+    bucket = AdapterBucket(Path(bucket_root) / prefix, prefix=prefix,
                            max_staleness=config.max_staleness)
     generator = HTTPGenerator(server_url, bucket, max_staleness=config.max_staleness,
                               seed=config.seed, max_inflight=max_inflight)
@@ -89,9 +94,15 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes version 0
         records = [r for r in trainer.train() if r.get("step", 0) > 0]
     finally:
-        for version in list(generator.loaded):  # free the servers' adapter slots for the next run
-            generator.client.unload_lora_adapter(generator.name(version))
-        generator.close()
+        try:
+            for version in list(generator.loaded):  # free the servers' adapter slots
+                try:
+                    generator.client.unload_lora_adapter(generator.name(version))
+                except Exception as exc:  # keep the run's own error, if any, in front
+                    warnings.warn(f"could not unload {generator.name(version)}: {exc}",
+                                  stacklevel=2)
+        finally:
+            generator.close()
     knobs = {"replicas": replicas, "max_inflight": max_inflight,
              "token_budget": config.token_budget, "weight_sync_steps": config.weight_sync_steps,
              "max_staleness": config.max_staleness}
@@ -100,7 +111,8 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
 
 
 def summarize(run: KnobRun) -> dict:
-    """One row per run: the knobs, then per-step means over the diagnosed window."""
+    """One row per run: the knobs, then per-step means over the diagnosed window (staleness_max
+    and dropped_stale: over the whole run)."""
     step = run.mean(STEP) or 1e-9
     held_back = run.mean(BACKPRESSURE) + run.mean(VERSION_WAIT)
     return {
@@ -113,6 +125,7 @@ def summarize(run: KnobRun) -> dict:
         "queue": run.mean(QUEUE), "queue_max": run.mean(QUEUE_MAX),
         "staleness_mean": run.mean(STALE_MEAN),
         "staleness_max": max((r.get(STALE_MAX, 0) for r in run.records), default=0),
+        "dropped_stale": run.records[-1].get("sample/dropped_stale", 0) if run.records else 0,
         "weight_sync_s": run.mean(SYNC), "inflight_peak": run.inflight_peak,
         "bottleneck": run.diagnosis.bottleneck,
     }

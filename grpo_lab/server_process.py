@@ -1,8 +1,10 @@
 """Start an inference server as a separate process and stop it again, from Python.
 
-Notebooks, tests and the launcher start servers through `start_server_process`, never by pasting
+Notebooks, tests and benchmarks start servers through `start_server_process`, never by pasting
 shell: it picks a free port, waits until the server says it is ready, and `stop()` (or leaving the
-`with` block) ends exactly the process group it started.
+`with` block) ends exactly the process group it started. `spawn_until_ready` is that start-and-wait,
+shared with the proxy (grpo_lab.proxy_process); `serve_until_signalled` is the serving loop both
+run inside their process. (Jobs of a run plan are started by grpo_lab.launchers instead.)
 
     with start_server_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=4) as server:
         print(server.url)            # http://127.0.0.1:40213

@@ -236,8 +236,8 @@ def add_train_async_parser(sub) -> None:
                         help="times a completion answered 502/503/504 (a replica died under it) "
                         "is sent again")
     parser.add_argument("--max-inflight", type=int, default=None, metavar="N",
-                        help="most completion requests (one per prompt) in flight at once "
-                        "(default: all of a step's prompts)")
+                        help="most completion requests in flight at once (one request = one "
+                        "prompt with n = G completions; default: all of a step's prompts)")
     parser.add_argument("--api-key-env", default=None, metavar="VAR",
                         help="environment variable holding the servers' bearer token")
     add_config_flags(parser, AsyncGRPOConfig)

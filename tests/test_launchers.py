@@ -433,7 +433,7 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
     built = json.loads((tmp_path / "python3.json").read_text())
     assert built[:5] == ["-m", "pip", "wheel", "--no-deps", "--quiet"]
     assert built[-3:] == ["--wheel-dir", "dist", str(package_source())]
-    assert recorded.pop(0) == ["buckets", "cp", f"dist/{wheel}", f"{BUCKET}/wheels/{wheel}"]
+    assert recorded.pop(0) == ["buckets", "cp", f"dist/{wheel}", f"{BUCKET}/blog/wheels/{wheel}"]
     fake = FakeJobs()
     HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, environ={"HF_TOKEN": TOKEN}).submit()
     assert len(recorded) == len(fake.calls) == 3
@@ -469,11 +469,14 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload,
                    environ={"HF_TOKEN": TOKEN}).submit()
     wheel = package_wheel_name()
-    assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/wheels/{wheel}")], TOKEN, 0)]
-    assert f"\npip install --quiet /lora/wheels/{wheel}\n" in fake.calls[2]["command"][2]
+    assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/blog/wheels/{wheel}")], TOKEN, 0)]
+    script = fake.calls[2]["command"][2]
+    # the mount may lag the upload: wait for the file (bounded), then install it
+    assert (f"\nfor _ in $(seq 120); do test -f /lora/blog/wheels/{wheel} && break; sleep 5; done"
+            f"\npip install --quiet /lora/blog/wheels/{wheel}\n") in script
     # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount
     cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu", replica_flavor="cpu-upgrade")
-    assert f"pip install --quiet /lora/wheels/{wheel}\nexec grpo-lab serve" in cpu["replica-0"].command[2]
+    assert f"pip install --quiet /lora/cpu/wheels/{wheel}\nexec grpo-lab serve" in cpu["replica-0"].command[2]
     # an install command of your own: nothing to upload
     own = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="own",
                       install="pip install git+https://github.com/me/grpo_lab")

@@ -40,7 +40,7 @@ CHECKS = {
     == ["trainer", "generation", "generation", "trainer", "trainer"]
     and r["wait_share"]["r2-token-budget"] > 0.2 and r["held_back_share"]["r4-lift-cap"] > 0.2
     and r["inflight_peak"]["r3-two-replicas"] == 1
-    and r["weight_sync_s"]["r5-sync-every-4"] < r["weight_sync_s"]["r4-lift-cap"],
+    and r["weight_sync_s"]["r5-sync-interval"] < r["weight_sync_s"]["r4-lift-cap"],
 }
 
 
