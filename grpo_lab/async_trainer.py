@@ -34,6 +34,8 @@ Logged metrics (TRL's names), per step unless marked cumulative:
     rollout/backpressure_s      time the worker was blocked putting into a full buffer
     rollout/version_wait_s      time the worker waited for a newer policy (the admission rule)
     rollout/generated_tok_s     completion tokens per second of the worker's generation time
+    rollout/inflight            most generation requests in flight at once since the last step
+                                (generators over HTTP only: grpo_lab.http_generator)
     sample/rollout_queue_size   groups in the buffer when the trainer came for its batch
     sample/rollout_queue_maxsize the buffer's bound
     sample/staleness_mean, sample/staleness_max   version lag of this step's samples
@@ -369,6 +371,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
             "rollout/version_wait_s": self._delta("version_wait_s"),
             "time_s": done - self._started_at,
         })
+        if hasattr(self.generator, "pop_inflight_peak"):
+            metrics["rollout/inflight"] = self.generator.pop_inflight_peak()
         return metrics
 
     def _delta(self, name: str) -> float:

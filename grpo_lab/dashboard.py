@@ -34,6 +34,7 @@ from .metrics import moving_average, read_metrics, series
 QUEUE, QUEUE_MAX = "sample/rollout_queue_size", "sample/rollout_queue_maxsize"
 WAIT, BACKPRESSURE = "perf/rollout_wait_s", "rollout/backpressure_s"
 VERSION_WAIT = "rollout/version_wait_s"
+INFLIGHT = "rollout/inflight"
 STEP, FWD_BWD, SYNC = "perf/step_s", "perf/fwd_bwd_s", "perf/weight_sync_s"
 STALE_MEAN, STALE_MAX = "sample/staleness_mean", "sample/staleness_max"
 
@@ -290,6 +291,8 @@ class Dashboard:
                  f"queue {get(QUEUE, '{:g}')}/{get(QUEUE_MAX, '{:g}')}",
                  f"wait {get(WAIT)}s", f"backpressure {get(BACKPRESSURE)}s",
                  f"step {get(STEP)}s", f"sync {get(SYNC)}s"]
+        if INFLIGHT in r:
+            parts.append(f"in flight {get(INFLIGHT, '{:g}')}")
         diagnosis = diagnose(records)
         if diagnosis.bottleneck in ("trainer", "generation"):
             parts.append(f"{diagnosis.bottleneck} too slow")

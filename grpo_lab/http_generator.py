@@ -70,6 +70,7 @@ class HTTPGenerator:
         self.inflight_peak = 0
         """The most requests that were in flight at once so far."""
         self._inflight = 0
+        self._recent_peak = 0  # since the last `pop_inflight_peak`
 
     def name(self, version: int) -> str:
         return adapter_name(version, self.bucket.prefix)
@@ -136,6 +137,7 @@ class HTTPGenerator:
             async with cap:  # the client's cap on in-flight requests
                 self._inflight += 1
                 self.inflight_peak = max(self.inflight_peak, self._inflight)
+                self._recent_peak = max(self._recent_peak, self._inflight)
                 try:
                     return await self.client.client.completions(
                         prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
@@ -159,6 +161,12 @@ class HTTPGenerator:
                 return replies
             await asyncio.sleep(self.retry_every_s)
         raise AssertionError("unreachable")
+
+    def pop_inflight_peak(self) -> int:
+        """The most requests in flight at once since the last call (the trainer logs it per
+        step as `rollout/inflight`)."""
+        peak, self._recent_peak = self._recent_peak, self._inflight
+        return peak
 
     def generate(self, prompt_ids, *, version, num_generations, max_new_tokens,
                  temperature) -> Completions:

@@ -1,4 +1,4 @@
-"""`grpo-lab launch`: docs/recipe.md's multi-job run, built as a plan (grpo_lab.jobs), then
+"""`grpo-lab launch`: docs/recipe.md's multi-job run, built as a plan (grpo_lab.recipe_plan), then
 printed (--dry-run), run here or submitted to Hugging Face Jobs.
 
     grpo-lab launch --dry-run                        the local plan and its shell lines
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from .hf_jobs import HfJobsLauncher, hf_jobs_commands
-from .jobs import RecipeConfig, recipe_plan
 from .launchers import LaunchError, LocalLauncher, local_commands
+from .recipe_plan import RecipeConfig, recipe_plan
 
 
 def add_launch_parser(sub) -> None:

@@ -19,7 +19,7 @@ Local lifecycle, per job, in the plan's dependency order:
                down still takes its jobs with it (their children are then their business)
 
 `python -m grpo_lab.launchers wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
-job (grpo_lab.jobs) waits with it for the proxy before it starts the trainer.
+job (grpo_lab.recipe_plan) waits with it for the proxy before it starts the trainer.
 """
 
 from __future__ import annotations

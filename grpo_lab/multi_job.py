@@ -5,7 +5,7 @@
     replica-1 ─┘                 │
            <── load policy-vN ───┘ adapters through <run>/bucket/, a plain local folder
 
-The plan is `recipe_plan(backend="local")` (grpo_lab.jobs), the same plan `grpo-lab launch`
+The plan is `recipe_plan(backend="local")` (grpo_lab.recipe_plan), the same plan `grpo-lab launch`
 starts, with the trainer's hyperparameters appended to its command. This process only watches:
 a progress bar fed by the trainer's metrics.jsonl (reward, staleness, queue), then a summary
 table (accuracy before and after, syncs, router counters from /proxy/stats) and the run folder:
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from .async_trainer import AsyncGRPOConfig
 from .dashboard import plot_pipeline, proxy_stats
-from .jobs import DEFAULT_TRAINER_ARGS, recipe_plan
 from .launchers import LocalLauncher
 from .metrics import plot_training, read_metrics
+from .recipe_plan import DEFAULT_TRAINER_ARGS, recipe_plan
 
 RUN_NAME = "train"
 """The trainer's folder inside the bucket."""

@@ -29,6 +29,7 @@ from .bucket import AdapterBucket
 from .dashboard import (
     BACKPRESSURE,
     FWD_BWD,
+    INFLIGHT,
     QUEUE,
     QUEUE_MAX,
     STALE_MAX,
@@ -126,7 +127,8 @@ def summarize(run: KnobRun) -> dict:
         "staleness_mean": run.mean(STALE_MEAN),
         "staleness_max": max((r.get(STALE_MAX, 0) for r in run.records), default=0),
         "dropped_stale": run.records[-1].get("sample/dropped_stale", 0) if run.records else 0,
-        "weight_sync_s": run.mean(SYNC), "inflight_peak": run.inflight_peak,
+        "weight_sync_s": run.mean(SYNC), "inflight_mean": run.mean(INFLIGHT),
+        "inflight_peak": run.inflight_peak,
         "bottleneck": run.diagnosis.bottleneck,
     }
 
@@ -166,7 +168,7 @@ def plot_runs(runs: list[KnobRun]):
 
 TABLE_COLUMNS = ("replicas", "max_inflight", "token_budget", "weight_sync_steps",
                  "micro_batches", "step_s", "fwd_bwd_s", "rollout_wait_s", "backpressure_s",
-                 "version_wait_s", "queue", "staleness_mean", "weight_sync_s", "inflight_peak",
+                 "version_wait_s", "queue", "staleness_mean", "weight_sync_s", "inflight_mean",
                  "bottleneck")
 
 

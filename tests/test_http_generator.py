@@ -86,6 +86,7 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
         assert len(records) == 3
         for record in records:  # staleness 0, one update per batch: the ratio is exactly 1
             assert abs(record["ratio"] - 1) < 1e-3, record
+            assert record["rollout/inflight"] == 4  # one request per prompt, all at once
         assert generator.latest_version == 3
         loaded = [m["id"] for m in generator.client.models() if m["id"].startswith("run1-")]
         assert loaded == ["run1-v3"] and bucket.versions() == [2, 3]
@@ -106,6 +107,8 @@ def test_max_inflight_caps_the_requests_in_flight(server, tmp_path, peft_model,
                                  temperature=1.0)
         assert out.prompt_ids == [p for p in prompts for _ in range(2)]  # order kept under a cap
         assert generator.inflight_peak == expected_peak
+        assert generator.pop_inflight_peak() == expected_peak  # per step: then it starts again
+        assert generator.pop_inflight_peak() == 0
     finally:
         generator.client.unload_lora_adapter(generator.name(0))
         generator.close()

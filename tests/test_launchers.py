@@ -34,13 +34,12 @@ from grpo_lab.jobs import (
     PACKAGE_WHEEL,
     BucketMount,
     JobSpec,
-    RecipeConfig,
     RunPlan,
     free_port,
     package_wheel_name,
-    recipe_plan,
 )
 from grpo_lab.launchers import LaunchError, LocalLauncher, _main, group_members, is_alive
+from grpo_lab.recipe_plan import RecipeConfig, recipe_plan
 
 PY = sys.executable
 # A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores

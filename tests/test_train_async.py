@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_lab.cli import build_parser
-from grpo_lab.jobs import recipe_plan
+from grpo_lab.recipe_plan import recipe_plan
 from grpo_lab.server import start_server_process
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.
