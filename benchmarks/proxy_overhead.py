@@ -108,6 +108,16 @@ def make_requests(n_prompts: int = 256, seed: int = 0) -> list[bytes]:
     return bodies
 
 
+async def _post(reader, writer, body: bytes) -> tuple[int, float]:
+    """POST one completion on a keep-alive connection; (status, seconds until the answer)."""
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    t0 = time.perf_counter()
+    status = await _read_reply(reader)
+    return status, time.perf_counter() - t0
+
+
 async def _read_reply(reader) -> int:
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
@@ -134,14 +144,9 @@ async def run_load(urls: list[str], bodies: list[bytes], concurrency: int, secon
         rng = random.Random(k)
         try:
             while not stop:
-                body = bodies[rng.randrange(len(bodies))]
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
-                             b"Content-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
-                t0 = time.perf_counter()
-                status = await _read_reply(reader)
+                status, latency = await _post(reader, writer, bodies[rng.randrange(len(bodies))])
                 if measuring and not stop:
-                    latencies.append(time.perf_counter() - t0)
+                    latencies.append(latency)
                     errors += status != 200
         finally:
             writer.close()
@@ -169,14 +174,9 @@ async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: i
             if i == warmup:
                 t_start = time.perf_counter()
             reader, writer = conns[i % len(conns)]
-            body = bodies[rng.randrange(len(bodies))]
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
-                         b"Content-Type: application/json\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
-            t0 = time.perf_counter()
-            status = await _read_reply(reader)
+            status, latency = await _post(reader, writer, bodies[rng.randrange(len(bodies))])
             if i >= warmup:
-                latencies.append(time.perf_counter() - t0)
+                latencies.append(latency)
                 errors += status != 200
     finally:
         for _, writer in conns:

@@ -25,13 +25,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .jobs import PACKAGE_WHEEL, URL_PLACEHOLDER, BucketMount, JobSpec, RunPlan, package_wheel_name
+from .jobs import (
+    CHECKOUT,
+    PACKAGE_WHEEL,
+    URL_PLACEHOLDER,
+    BucketMount,
+    JobSpec,
+    RunPlan,
+    package_wheel_name,
+)
 from .launchers import LaunchError, fill_urls
 
 
 def package_source() -> Path:
     """The folder holding this grpo_lab's pyproject.toml (a source or editable install)."""
-    source = Path(__file__).resolve().parent.parent
+    source = CHECKOUT
     if not (source / "pyproject.toml").is_file():
         raise LaunchError(f"grpo_lab at {source} has no source folder to build a wheel from: "
                           "pass --install with a command that installs it in the jobs")

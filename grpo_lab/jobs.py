@@ -205,6 +205,9 @@ class RunPlan:
 # The grpo_lab wheel as an upload: the HF Jobs launcher builds it at submission
 # ---------------------------------------------------------------------------------------------
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+"""The folder above the package: a source checkout (with pyproject.toml) or site-packages."""
+
 PACKAGE_WHEEL = "<grpo_lab wheel>"
 """An upload source (`RunPlan.uploads`): a wheel of this grpo_lab checkout, built at submission."""
 
@@ -215,7 +218,7 @@ def package_version() -> str:
     import tomllib
     from importlib.metadata import PackageNotFoundError, version
 
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = CHECKOUT / "pyproject.toml"
     if pyproject.is_file():
         return tomllib.loads(pyproject.read_text())["project"]["version"]
     try:

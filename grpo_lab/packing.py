@@ -161,17 +161,21 @@ def _padded(batch, idx: list[int], prompt_lens, completion_lens) -> PaddedMicroB
     P = max(prompt_lens[i] for i in idx)  # prompts are left padded: keep the last P columns
     C = max(max(completion_lens[i] for i in idx), 1)  # completions right padded: the first C
     rows = torch.tensor(idx)
-    prompt_ids = batch.prompt_ids[rows][:, batch.prompt_ids.shape[1] - P:]
     return PaddedMicroBatch(
-        indices=idx,
-        completion_ids=batch.completion_ids[rows, :C],
-        completion_mask=batch.completion_mask[rows, :C],
-        old_logps=batch.old_logps[rows, :C],
-        advantages=batch.advantages[rows],
+        **_sequence_fields(batch, idx, C),
         input_tokens=len(idx) * (P + C),
-        prompt_ids=prompt_ids,
+        prompt_ids=batch.prompt_ids[rows][:, batch.prompt_ids.shape[1] - P:],
         prompt_mask=batch.prompt_mask[rows][:, batch.prompt_mask.shape[1] - P:],
     )
+
+
+def _sequence_fields(batch, idx: list[int], C: int) -> dict:
+    """What every micro-batch layout takes from the batch per sequence (its first C completion
+    columns): the completions, their mask and old logprobs, and the advantages."""
+    rows = torch.tensor(idx)
+    return dict(indices=idx, completion_ids=batch.completion_ids[rows, :C],
+                completion_mask=batch.completion_mask[rows, :C],
+                old_logps=batch.old_logps[rows, :C], advantages=batch.advantages[rows])
 
 
 def _packed(batch, rows: list[list[int]], prompt_lens, completion_lens) -> PackedMicroBatch:
@@ -200,13 +204,8 @@ def _packed(batch, rows: list[list[int]], prompt_lens, completion_lens) -> Packe
             gather_cols[k] = offset + P - 1 + torch.arange(C).clamp(max=max(Ci - 1, 0))
             offset += P + Ci
             k += 1
-    rows_t = torch.tensor(idx)
     return PackedMicroBatch(
-        indices=idx,
-        completion_ids=batch.completion_ids[rows_t, :C],
-        completion_mask=batch.completion_mask[rows_t, :C],
-        old_logps=batch.old_logps[rows_t, :C],
-        advantages=batch.advantages[rows_t],
+        **_sequence_fields(batch, idx, C),
         input_tokens=len(rows) * width,
         input_ids=input_ids.to(batch.prompt_ids.device),
         position_ids=position_ids.to(batch.prompt_ids.device),
