@@ -49,9 +49,8 @@ def run_demo(config: GRPOConfig) -> dict:
           f"{summary['trainable_parameters']:,} trainable parameters")
     print(f"greedy accuracy on {config.eval_size} held-out problems: "
           f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f} points) in {grpo_seconds:.0f} s of GRPO")
-    verdict = "met" if after - before >= 0.15 else "NOT met"
-    print(f"goal of +15 points: {verdict} (the issue's time budget: <= 90 s of GRPO on 2 cores; "
-          f"this run: {grpo_seconds:.0f} s)")
+    verdict = "met" if after - before >= 0.20 else "NOT met"
+    print(f"target of +20 points of greedy accuracy: {verdict}")
     print(f"run folder: {run_dir}  (metrics.jsonl, training.png, adapter/, summary.json)")
     print("=" * 64)
     return summary

@@ -111,6 +111,14 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "demo-jobs-%Y%m%d-%H%M%S")).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     bucket = run_dir / "bucket"
+    if config.model == "tiny":
+        # Build (or find) the model once, here, with every core, before any job starts: else
+        # each replica and the trainer would build it at the same time on one thread each.
+        from .tiny_model import TinyModelRecipe, tiny_model_path
+
+        recipe = TinyModelRecipe(task=config.task, difficulty=config.difficulty)
+        config.model = str(tiny_model_path(recipe, progress=config.progress,
+                                           num_threads=os.cpu_count()))
     plan = recipe_plan(backend="local", replicas=replicas, lora_rank=config.lora_rank,
                        max_staleness=config.max_staleness, bucket=str(bucket), run_name=RUN_NAME,
                        base_model=config.model, health_timeout_s=180,
@@ -178,6 +186,27 @@ def print_summary(s: dict, min_gain: float) -> None:
     print("\n" + "=" * 72)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    verdict = "met" if s["accuracy_gain"] >= min_gain else "NOT met"
-    print(f"goal of +{100 * min_gain:.0f} points: {verdict}")
+    print("targets (2 CPU cores):")
+    for line in demo_verdicts(s, min_gain):
+        print(f"  {line}")
     print("=" * 72)
+
+
+DEMO_TARGETS = {"train_s": 60.0, "startup_s": 20.0}
+"""What `grpo-lab demo` aims for on 2 CPU cores once the tiny model is built: training at most
+60 s, start-up (every job healthy) at most 20 s; the accuracy gain's target is `min_gain`."""
+
+
+def demo_verdicts(s: dict, min_gain: float) -> list[str]:
+    """One line per target: the target, this run's value, met or not."""
+    def mark(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    return [
+        f"greedy accuracy gain >= {100 * min_gain:+.0f} points: {100 * s['accuracy_gain']:+.1f} "
+        f"({mark(s['accuracy_gain'] >= min_gain)})",
+        f"training <= {DEMO_TARGETS['train_s']:.0f} s: {s['train_s']:.0f} s "
+        f"({mark(s['train_s'] <= DEMO_TARGETS['train_s'])})",
+        f"start-up <= {DEMO_TARGETS['startup_s']:.0f} s: {s['startup_s']:.0f} s "
+        f"({mark(s['startup_s'] <= DEMO_TARGETS['startup_s'])})",
+    ]

@@ -42,13 +42,19 @@ class TinyModelRecipe:
     max_positions: int = 64
     seed: int = 0
     """Seeds the weights and the warm-up batches."""
-    warmup_target_accuracy: float = 0.3
+    warmup_target_accuracy: float = 0.32
     """Stop the warm-up once greedy accuracy on a validation sample reaches this."""
     warmup_max_steps: int = 800
-    """Cap on warm-up steps (the steps needed vary 2-3x with the seed)."""
-    warmup_batch_size: int = 256
-    warmup_lr: float = 1e-3
-    warmup_eval_every: int = 25
+    """Cap on warm-up steps (the steps needed vary 1.5-2x with the seed)."""
+    warmup_batch_size: int = 128
+    """Half the old 256: each step costs half, and only ~1.3x more steps are needed."""
+    warmup_lr: float = 2e-3
+    """Peak AdamW learning rate (2x the old 1e-3; 4e-3 overshoots the target, 6e-3 stalls)."""
+    warmup_ramp_steps: int = 20
+    """Linear learning-rate ramp from 0 over the first steps (the high peak diverges without it)."""
+    warmup_max_grad_norm: float = 1.0
+    warmup_eval_every: int = 5
+    """Validation every 5 steps: accuracy jumps ~10 points per 10 steps near the target."""
 
     def key(self) -> str:
         digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
@@ -76,10 +82,12 @@ def build_untrained_model(recipe: TinyModelRecipe, tokenizer) -> LlamaForCausalL
 
 def _sft_batch(task: Task, tokenizer, rng: random.Random, batch_size: int):
     """Prompt + answer + EOS, right padded; the loss sees only answer and EOS tokens."""
+    problems = task.sample_batch(rng, batch_size)
+    # One batched call each (the Rust tokenizer), not one call per row: ~10x less time per step.
+    prompts = tokenizer([p.prompt for p in problems])["input_ids"]  # each starts with <bos>
+    answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
     rows, labels = [], []
-    for problem in task.sample_batch(rng, batch_size):
-        prompt = tokenizer(problem.prompt)["input_ids"]  # starts with <bos>
-        answer = tokenizer(problem.answer, add_special_tokens=False)["input_ids"]
+    for prompt, answer in zip(prompts, answers):
         answer = answer + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
@@ -96,6 +104,8 @@ def warm_up(model, tokenizer, task: Task, recipe: TinyModelRecipe, progress: boo
     rng = random.Random(recipe.seed)
     validation = task.sample_batch(random.Random(recipe.seed + 1), 256)  # not the eval set
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.warmup_lr)
+    ramp = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min(1.0, (i + 1) / recipe.warmup_ramp_steps))
     model.train()
     accuracy, step = 0.0, 0
     bar = tqdm(range(1, recipe.warmup_max_steps + 1), desc="warm-up", disable=not progress)
@@ -103,9 +113,14 @@ def warm_up(model, tokenizer, task: Task, recipe: TinyModelRecipe, progress: boo
         input_ids, attention_mask, labels = _sft_batch(task, tokenizer, rng, recipe.warmup_batch_size)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.warmup_max_grad_norm)
         optimizer.step()
+        ramp.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % recipe.warmup_eval_every == 0:
+        # Validate every `warmup_eval_every` steps once accuracy leaves the floor, half as
+        # often before (the first ~100 steps stay near 0 %, and each check costs ~3 steps' time).
+        every = recipe.warmup_eval_every * (1 if accuracy >= 0.1 else 2)
+        if step % every == 0:
             accuracy = greedy_accuracy(
                 model, tokenizer, validation, max_new_tokens=task.max_answer_chars + 1
             )
@@ -116,14 +131,28 @@ def warm_up(model, tokenizer, task: Task, recipe: TinyModelRecipe, progress: boo
     return {"warmup_steps": step, "warmup_val_accuracy": accuracy, "final_loss": loss.item()}
 
 
-def build_tiny_model(recipe: TinyModelRecipe, out_dir: str | Path, progress: bool = True) -> dict:
-    """Build tokenizer and model, warm up, and `save_pretrained` both into `out_dir`."""
+def build_tiny_model(recipe: TinyModelRecipe, out_dir: str | Path, progress: bool = True,
+                     num_threads: int | None = None) -> dict:
+    """Build tokenizer and model, warm up, and `save_pretrained` both into `out_dir`.
+
+    `num_threads`: torch threads for the build (None = leave as set). Give it every core only
+    when nothing else runs: the build alone takes ~40 s on 2 cores with both, ~60 s with one.
+    """
     start = time.perf_counter()
+    threads_before = torch.get_num_threads()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        return _build(recipe, Path(out_dir), progress, start)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _build(recipe: TinyModelRecipe, out_dir: Path, progress: bool, start: float) -> dict:
     task = make_task(recipe.task, recipe.difficulty)
     tokenizer = build_char_tokenizer()
     model = build_untrained_model(recipe, tokenizer)
     info = warm_up(model, tokenizer, task, recipe, progress=progress)
-    out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     info.update(
@@ -136,7 +165,8 @@ def build_tiny_model(recipe: TinyModelRecipe, out_dir: str | Path, progress: boo
 
 
 def tiny_model_path(
-    recipe: TinyModelRecipe | None = None, rebuild: bool = False, progress: bool = True
+    recipe: TinyModelRecipe | None = None, rebuild: bool = False, progress: bool = True,
+    num_threads: int | None = None,
 ) -> Path:
     """Path of the cached tiny model for `recipe`, building it first if needed.
 
@@ -153,7 +183,7 @@ def tiny_model_path(
         return path
     staging = Path(tempfile.mkdtemp(prefix=f".{recipe.key()}-", dir=models_dir))
     try:
-        build_tiny_model(recipe, staging, progress=progress)
+        build_tiny_model(recipe, staging, progress=progress, num_threads=num_threads)
         try:
             staging.rename(path)
         except OSError:  # someone else finished first: keep theirs

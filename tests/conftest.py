@@ -1,15 +1,27 @@
-"""Shared test set-up: an offline hub and one cache of built tiny models for the whole run."""
+"""Shared test set-up: an offline hub and one cache of built tiny models for the whole run.
+
+The tiny model is built once, before the first test runs (`pytest_collection_finish`), in a
+process of its own that may use every core while nothing else runs, with its own time bound.
+No test's timeout covers the build, and a failed build stops the run with one message.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Built tiny models are cached per recipe; reusing the folder across runs saves ~50 s locally.
+# The user's own cache (what `make demo` and the notebooks use): read before it is overridden.
+USER_HOME = Path(os.environ.get("GRPO_LAB_HOME") or Path.home() / ".cache" / "grpo_lab")
+# The tests' cache: a separate folder, so tests never write runs into the user's cache.
 TEST_HOME = Path(os.environ.get("GRPO_LAB_TEST_HOME", REPO_ROOT / ".grpo_lab" / "test-home"))
+BUILD_TIMEOUT_S = 900
+"""Bound on building the tiny model (about 40 s on 2 cores; far more means something is wrong)."""
 
 # Set before any test imports transformers, and inherited by every subprocess and kernel.
 os.environ["GRPO_LAB_HOME"] = str(TEST_HOME)
@@ -20,9 +32,47 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _needs_tiny_model(items) -> bool:
+    return any("tiny_model_dir" in getattr(item, "fixturenames", ()) for item in items)
+
+
+def pytest_collection_finish(session):
+    """Build (or find) the default tiny model before any test starts."""
+    if session.config.option.collectonly or not _needs_tiny_model(session.items):
+        return
+    from grpo_lab.tiny_model import TinyModelRecipe
+
+    key = TinyModelRecipe().key()
+    cached = TEST_HOME / "models" / key
+    if (cached / "grpo_lab_recipe.json").exists():
+        return
+    # One cache: reuse what `make demo` or a notebook already built with the same recipe.
+    user_copy = USER_HOME / "models" / key
+    if (user_copy / "grpo_lab_recipe.json").exists() and user_copy != cached:
+        shutil.copytree(user_copy, cached)
+        print(f"\ntiny model: reused {user_copy}", flush=True)
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\ntiny model: building {key} into {TEST_HOME} once, before the tests "
+              f"(about 40 s on 2 cores, bounded at {BUILD_TIMEOUT_S} s)", flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}  # nothing else runs
+        try:
+            done = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "build-model",
+                                   "--threads", str(os.cpu_count() or 1)],
+                                  env=env, timeout=BUILD_TIMEOUT_S)
+            failure = f"exit code {done.returncode}" if done.returncode else None
+        except subprocess.TimeoutExpired:
+            failure = f"still building after {BUILD_TIMEOUT_S} s"
+    if failure or not (cached / "grpo_lab_recipe.json").exists():
+        pytest.exit(f"building the tiny model failed ({failure or 'no model written'}); "
+                    f"no test that needs it can run. Try `grpo-lab build-model` alone.",
+                    returncode=3)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The default tiny model (addition), built once per cache."""
+    """The default tiny model (addition), built before the session by the hook above."""
     from grpo_lab.tiny_model import tiny_model_path
 
     return tiny_model_path(progress=False)

@@ -357,6 +357,15 @@ def test_difference_kl_bias_correction(trainer, model, batch, loss_type):
     """1. TRL's default `use_bias_correction_kl=True` weighs the k3 KL by the ratio."""
     eps = dict(epsilon_low=0.2, epsilon_high=0.28)
     mask = batch["completion_mask"].float()
+    # The correction adds beta * (ratio - 1) * k3 per token. Built so that it is large whatever the
+    # model: a reference ~1 nat from the policy (k3 ~ 0.6 per token) and old logprobs 0.3 nat
+    # below the current ones (ratio ~ 1.4 on average), not a model-dependent adapter gap.
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        current = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+                                       batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
+    noise = torch.randn(current.shape, generator=generator)
+    batch = dict(batch, ref_logps=(current + noise) * mask, old_logps=(current - 0.3) * mask)
     with configured(trainer, loss_type=loss_type, beta=BETA, use_bias_correction_kl=True, **eps), \
             torch.no_grad():
         trl_loss = trainer._compute_loss(model, trl_inputs(batch, off_policy=True, beta=BETA))
