@@ -299,6 +299,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
                 before_each=self._pick_threads)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            for group in self.optimizer.param_groups:  # stateless: resumes need no extra state
+                group["lr"] = cfg.learning_rate_at(self.step_count)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             metrics.update(loss=loss, grad_norm=float(grad_norm))

@@ -13,6 +13,8 @@ from .grpo_loss import LOSS_TYPES
 from .rewards import REWARDS
 from .tasks import TASKS
 
+LR_SCHEDULES = ("constant", "linear")
+
 
 @dataclass
 class GRPOConfig:
@@ -61,6 +63,8 @@ class GRPOConfig:
     # --- the optimizer and the adapter ---
     learning_rate: float = 1e-3
     """AdamW learning rate (1e-3 suits LoRA on the tiny model; ~1e-4 for full fine-tuning)."""
+    lr_scheduler_type: str = "constant"
+    """`constant`, or `linear`: decay from learning_rate to 0 over `steps` (TRL's default)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
     use_lora: bool = True
@@ -104,6 +108,9 @@ class GRPOConfig:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.lr_scheduler_type not in LR_SCHEDULES:
+            problems.append(f"unknown lr_scheduler_type {self.lr_scheduler_type!r} "
+                            f"(choose one of {LR_SCHEDULES})")
         if self.learning_rate <= 0:
             problems.append(f"learning_rate must be > 0 (got {self.learning_rate})")
         if self.epsilon_low < 0 or self.epsilon_high < 0 or self.epsilon_low >= 1:
@@ -114,6 +121,12 @@ class GRPOConfig:
             problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
         if problems:
             raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
+
+    def learning_rate_at(self, step: int) -> float:
+        """Computed at runtime: the learning rate of optimizer step `step` (0-based)."""
+        if self.lr_scheduler_type == "linear":
+            return self.learning_rate * max(0.0, 1.0 - step / self.steps)
+        return self.learning_rate
 
     @property
     def effective_lora_alpha(self) -> float:

@@ -183,6 +183,8 @@ class GRPOTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
             )
+            for group in self.optimizer.param_groups:  # stateless: resumes need no extra state
+                group["lr"] = self.config.learning_rate_at(self.step_count)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             metrics.update(loss=loss.item(), grad_norm=float(grad_norm))

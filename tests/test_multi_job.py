@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from grpo_lab.async_trainer import AsyncGRPOConfig
-from grpo_lab.multi_job import run_multi_job_demo
+from grpo_lab.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
 
 
 def test_demo_jobs_local_gains_at_least_15_points(tmp_path):
@@ -23,9 +23,10 @@ def test_demo_jobs_local_gains_at_least_15_points(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["accuracy_gain"] >= 0.15 and "greedy accuracy gain >= +15 points" in proc.stdout
-    assert summary["steps"] == 200 and summary["syncs"] == 201  # version 0, then one per step
+    steps = MULTI_JOB_DEFAULTS["steps"]
+    assert summary["steps"] == steps and summary["syncs"] == steps + 1  # version 0, then one per step
     assert summary["staleness_max"] <= 1 and 0.9 < summary["ratio_min"] <= summary["ratio_max"] < 1.1
-    assert sum(summary["router"]["routed"]) >= 200 * 16 and min(summary["router"]["routed"]) > 0
+    assert sum(summary["router"]["routed"]) >= steps * 16 and min(summary["router"]["routed"]) > 0
     train = run_dir / "bucket" / "train"
     for path in (run_dir / "pipeline.png", run_dir / "training.png", train / "metrics.jsonl",
                  train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
