@@ -34,10 +34,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.bucket import AdapterBucket  # noqa: E402
-from grpo_lab.http_generator import HTTPGenerator  # noqa: E402
-from grpo_lab.server import start_server_process  # noqa: E402
-from grpo_lab.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
+from grpo_lab.bucket.adapters import AdapterBucket  # noqa: E402
+from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
+from grpo_lab.rollout.http_generator import HTTPGenerator  # noqa: E402
+from grpo_lab.serving.server import start_server_process  # noqa: E402
 
 GOALS = {"publish_load_p50_s": 0.2, "rank1_fraction_pct": 1.0}
 

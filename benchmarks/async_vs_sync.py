@@ -56,9 +56,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.packing import accumulate_grpo_loss, make_micro_batches  # noqa: E402
-from grpo_lab.trainer import RolloutBatch, pad_left, pad_right  # noqa: E402
+from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches  # noqa: E402
+from grpo_lab.train.trainer import RolloutBatch, pad_left, pad_right  # noqa: E402
 
 GOALS = {"speedup_over_limit": 0.9, "speedup_over_best_sync": 1.0}
 QUIET = 0.1  # a run counts only if other processes used < 10 % of the cores meanwhile

@@ -8,7 +8,7 @@ as local processes), with `--seed` changed only (prompt sampling, generation, Lo
 at a time. The tiny model is built (or found) before the first run, so start-up is measured the
 way the target reads: once the model exists. Recorded per run: greedy accuracy before and after,
 start-up seconds (every job healthy), training seconds (the trainer's own clock) and wall
-seconds; then the median gain and times against the demo's targets (grpo_lab.multi_job:
+seconds; then the median gain and times against the demo's targets (grpo_lab.cli.multi_job:
 +20 points, training <= 60 s, start-up <= 20 s on 2 cores).
 Results go to benchmarks/results/demo.json and are printed.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grpo_lab.multi_job import DEMO_TARGETS  # noqa: E402
+from grpo_lab.cli.multi_job import DEMO_TARGETS  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "demo.json"
 MIN_GAIN = 0.20

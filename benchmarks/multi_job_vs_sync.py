@@ -11,7 +11,7 @@ the machine to itself:
    one thread), at 1 and at 2 torch threads. Its own per-step medians give the generation time
    G and the rest of the step T (training, weight sync, collating); overlapping the two can at
    best turn G + T into max(G, T): **pipeline limit = (G + T) / max(G, T)**.
-2. **Multi-job** (`grpo-lab demo --jobs local`'s code, grpo_lab.multi_job): the trainer,
+2. **Multi-job** (`grpo-lab demo --jobs local`'s code, grpo_lab.cli.multi_job): the trainer,
    the proxy and 1 or 2 replicas, each its own OS process, adapters through a bucket folder,
    rollouts over HTTP on loopback.
 
@@ -46,9 +46,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.metrics import read_metrics  # noqa: E402
-from grpo_lab.multi_job import run_multi_job_demo  # noqa: E402
+from grpo_lab.cli.multi_job import run_multi_job_demo  # noqa: E402
+from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.train.metrics import read_metrics  # noqa: E402
 
 PROMPTS, GENERATIONS = 16, 8
 

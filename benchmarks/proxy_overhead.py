@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    from grpo_lab.proxy_process import start_proxy_process
+    from grpo_lab.proxy.process import start_proxy_process
 
     n_seq, seconds = (1000, 3.0) if args.quick else (3000, 8.0)
     bodies = make_requests()

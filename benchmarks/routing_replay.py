@@ -3,7 +3,7 @@
     python benchmarks/routing_replay.py            # full run: 64,728 rollouts, 2 and 3 replicas
     python benchmarks/routing_replay.py --quick    # 1/10 of the prompts, a few seconds
 
-The workload and its stated distributions live in `grpo_lab.routing_replay` (see its docstring).
+The workload and its stated distributions live in `grpo_lab.proxy.routing_replay` (see its docstring).
 Goals for 2 replicas (the blog's proxy: 14.2 % unmatched, 1.3 % spill): unmatched <= 13.0 %,
 spill <= 1.3 %. The floor for unmatched is 1/G = 12.5 %: the first rollout of a group is cold.
 `unmatched (ref)` counts as the reference proxy does, which also calls "unmatched" a request for a
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from grpo_lab.routing_replay import replay
+from grpo_lab.proxy.routing_replay import replay
 
 GOALS = {"unmatched_pct": 13.0, "spill_pct": 1.3}  # for 2 replicas
 QUICK_PROMPTS = 800  # --quick: 800 prompts x 8 = 6,400 rollouts, ~0.6 epoch of the problem set

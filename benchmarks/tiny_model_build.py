@@ -32,11 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.evaluation import greedy_accuracy  # noqa: E402
-from grpo_lab.generation import generate_completions  # noqa: E402
-from grpo_lab.rewards import exact_match_reward  # noqa: E402
-from grpo_lab.tasks import make_task  # noqa: E402
-from grpo_lab.tiny_model import TinyModelRecipe, build_tiny_model, load_model_and_tokenizer  # noqa: E402
+from grpo_lab.core.evaluation import greedy_accuracy  # noqa: E402
+from grpo_lab.core.generation import generate_completions  # noqa: E402
+from grpo_lab.core.rewards import exact_match_reward  # noqa: E402
+from grpo_lab.core.tasks import make_task  # noqa: E402
+from grpo_lab.core.tiny_model import TinyModelRecipe, build_tiny_model, load_model_and_tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "tiny_model_build.json"
 OLD_RECIPE = dict(warmup_lr=1e-3, warmup_ramp_steps=1, warmup_max_grad_norm=1e9,

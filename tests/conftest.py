@@ -40,7 +40,7 @@ def pytest_collection_finish(session):
     """Build (or find) the default tiny model before any test starts."""
     if session.config.option.collectonly or not _needs_tiny_model(session.items):
         return
-    from grpo_lab.tiny_model import TinyModelRecipe
+    from grpo_lab.core.tiny_model import TinyModelRecipe
 
     key = TinyModelRecipe().key()
     cached = TEST_HOME / "models" / key
@@ -73,14 +73,14 @@ def pytest_collection_finish(session):
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The default tiny model (addition), built before the session by the hook above."""
-    from grpo_lab.tiny_model import tiny_model_path
+    from grpo_lab.core.tiny_model import tiny_model_path
 
     return tiny_model_path(progress=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_and_tokenizer(tiny_model_dir):
-    from grpo_lab.tiny_model import load_model_and_tokenizer
+    from grpo_lab.core.tiny_model import load_model_and_tokenizer
 
     return load_model_and_tokenizer(tiny_model_dir)
 

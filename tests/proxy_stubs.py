@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from grpo_lab.proxy import PROXY_KEY, Proxy, make_app
-from grpo_lab.proxy_config import ProxyConfig
+from grpo_lab.proxy.app import PROXY_KEY, Proxy, make_app
+from grpo_lab.proxy.config import ProxyConfig
 
 BASE = "base"
 

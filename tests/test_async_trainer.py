@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
-from grpo_lab.generation import generate_completions
-from grpo_lab.generators import Generator, LocalGenerator, sample_from_ids, trainable_state
+from grpo_lab.core.generation import generate_completions
+from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from grpo_lab.rollout.generators import Generator, LocalGenerator, sample_from_ids, trainable_state
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
              progress=False, log_every=100, trainer_threads=1, generator_threads=1)

@@ -10,7 +10,12 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from grpo_lab.bucket import AdapterBucket, adapter_name, bucket_volume, create_adapter_bucket
+from grpo_lab.bucket.adapters import (
+    AdapterBucket,
+    adapter_name,
+    bucket_volume,
+    create_adapter_bucket,
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from grpo_lab.dashboard import Dashboard, diagnose, plot_pipeline
-from grpo_lab.metrics import MetricsLogger
+from grpo_lab.observe.dashboard import Dashboard, diagnose, plot_pipeline
+from grpo_lab.train.metrics import MetricsLogger
 
 
 def run_records(regime: str, steps: int = 30) -> list[dict]:

@@ -8,12 +8,12 @@ import copy
 import pytest
 import torch
 
-from grpo_lab.bucket import AdapterBucket
-from grpo_lab.generators import Generator
-from grpo_lab.grpo_loss import policy_logprobs
-from grpo_lab.http_generator import HTTPGenerator
-from grpo_lab.server import start_server_process
-from grpo_lab.trainer import pad_left, pad_right
+from grpo_lab.bucket.adapters import AdapterBucket
+from grpo_lab.core.grpo_loss import policy_logprobs
+from grpo_lab.rollout.generators import Generator
+from grpo_lab.rollout.http_generator import HTTPGenerator
+from grpo_lab.serving.server import start_server_process
+from grpo_lab.train.trainer import pad_left, pad_right
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_pat
 
 
 def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer):
-    from grpo_lab.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+    from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
 
     torch.set_num_threads(1)
     model, tokenizer = tiny_model_and_tokenizer

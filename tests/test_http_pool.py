@@ -1,4 +1,4 @@
-"""The proxy's lean HTTP/1.1 client (grpo_lab.http_pool) against scripted raw TCP servers:
+"""The proxy's lean HTTP/1.1 client (grpo_lab.proxy.http_pool) against scripted raw TCP servers:
 every framing an upstream may use, keep-alive reuse, and every way an answer can go wrong."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from proxy_stubs import run
 
-from grpo_lab.http_pool import (
+from grpo_lab.proxy.http_pool import (
     ConnectFailed,
     ConnectionClosed,
     ConnectionPool,

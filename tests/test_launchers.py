@@ -21,16 +21,18 @@ from types import SimpleNamespace
 import pytest
 from huggingface_hub import Volume
 
-from grpo_lab.cli import field_docs, main
-from grpo_lab.dashboard import _router_counters, proxy_stats
-from grpo_lab.hf_jobs import (
+from grpo_lab.cli.flags import field_docs
+from grpo_lab.cli.main import main
+from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
     hf_jobs_commands,
     package_source,
     upload_to_buckets,
 )
-from grpo_lab.jobs import (
+from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main, group_members, is_alive
+from grpo_lab.jobs.plan import RecipeConfig, recipe_plan
+from grpo_lab.jobs.specs import (
     PACKAGE_WHEEL,
     BucketMount,
     JobSpec,
@@ -38,8 +40,7 @@ from grpo_lab.jobs import (
     free_port,
     package_wheel_name,
 )
-from grpo_lab.launchers import LaunchError, LocalLauncher, _main, group_members, is_alive
-from grpo_lab.recipe_plan import RecipeConfig, recipe_plan
+from grpo_lab.observe.dashboard import _router_counters, proxy_stats
 
 PY = sys.executable
 # A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores
@@ -186,8 +187,8 @@ def test_missing_secret_or_unmountable_bucket_starts_nothing(tmp_path):
 
 LAUNCHER_SCRIPT = textwrap.dedent("""
     import sys, threading, time
-    from grpo_lab.jobs import JobSpec, RunPlan
-    from grpo_lab.launchers import LocalLauncher
+    from grpo_lab.jobs.specs import JobSpec, RunPlan
+    from grpo_lab.jobs.local import LocalLauncher
     job = JobSpec(name="a", command=[sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4], "0"],
                   health_url=f"http://127.0.0.1:{sys.argv[3]}/health", health_timeout_s=20)
     keep = []

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from grpo_lab.async_trainer import AsyncGRPOConfig
-from grpo_lab.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
+from grpo_lab.cli.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
+from grpo_lab.rollout.async_trainer import AsyncGRPOConfig
 
 
 def test_demo_jobs_local_gains_at_least_15_points(tmp_path):

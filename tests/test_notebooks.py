@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_lab.notebooks import NOTEBOOK_GOALS, list_notebooks, missed_goals, run_notebook
+from grpo_lab.cli.notebooks import NOTEBOOK_GOALS, list_notebooks, missed_goals, run_notebook
 
 
 def test_every_notebook_has_a_check():

@@ -42,7 +42,7 @@ def test_environment_files_list_the_same_dependencies():
 
 def test_import_pulls_no_hub_download_and_no_gpu_package():
     code = (
-        "import sys, grpo_lab, grpo_lab.trainer, grpo_lab.cli;"
+        "import sys, grpo_lab, grpo_lab.train.trainer, grpo_lab.cli.main;"
         "bad = [m for m in ('vllm', 'flash_attn', 'deepspeed') if m in sys.modules];"
         "print(bad)"
     )

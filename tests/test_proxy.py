@@ -1,4 +1,4 @@
-"""The proxy (grpo_lab.proxy): routing, batch splitting, broadcasts, health, stats, the CLI.
+"""The proxy (grpo_lab.proxy.app): routing, batch splitting, broadcasts, health, stats, the CLI.
 
 Every test runs stub replicas (tests/proxy_stubs.py) and an in-process proxy on 127.0.0.1 in one
 event loop, under a hard time limit; one test starts `grpo-lab proxy` as a process.
@@ -13,10 +13,11 @@ import json
 import pytest
 from proxy_stubs import StubReplica, fleet, run
 
-from grpo_lab.cli import build_parser, config_from_args, field_docs
-from grpo_lab.prompt_keys import pseudo_tokens
-from grpo_lab.proxy_config import ProxyConfig
-from grpo_lab.proxy_process import start_proxy_process
+from grpo_lab.cli.flags import config_from_args, field_docs
+from grpo_lab.cli.main import build_parser
+from grpo_lab.proxy.config import ProxyConfig
+from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.proxy.prompt_keys import pseudo_tokens
 
 BS = 16
 P1 = list(range(1000, 1000 + 3 * BS))  # three full blocks
@@ -48,7 +49,7 @@ def test_config_fields_documented_and_cli_flags():
 
 
 def test_missing_token_variable_is_a_clear_error(monkeypatch):
-    from grpo_lab.proxy import Proxy
+    from grpo_lab.proxy.app import Proxy
 
     monkeypatch.delenv("GRPO_LAB_TEST_NO_SUCH_TOKEN", raising=False)
     with pytest.raises(ValueError, match="GRPO_LAB_TEST_NO_SUCH_TOKEN"):
@@ -281,7 +282,7 @@ class FakeTokenizer:
 
 
 def test_routing_keys_with_and_without_a_tokenizer():
-    from grpo_lab.prompt_keys import BadRequest, routing_keys
+    from grpo_lab.proxy.prompt_keys import BadRequest, routing_keys
 
     tok = FakeTokenizer()
     assert routing_keys({"prompt": [5, 6]}, False, tok) == ([[5, 6]], [[5, 6]])
@@ -300,7 +301,7 @@ def test_routing_keys_with_and_without_a_tokenizer():
 
 
 def test_the_tokenizer_flag_loads_a_real_tokenizer(tiny_model_dir):
-    from grpo_lab.proxy import Proxy
+    from grpo_lab.proxy.app import Proxy
 
     proxy = Proxy(ProxyConfig(upstreams=["http://a:1"], tokenizer=str(tiny_model_dir)))
     assert proxy.tokenizer.encode("12+34=", add_special_tokens=True)[1:] == \

@@ -1,4 +1,4 @@
-"""Tests for `grpo_lab.rollout_buffer`: blocking, staleness, metrics, and properties.
+"""Tests for `grpo_lab.rollout.buffer`: blocking, staleness, metrics, and properties.
 
 Blocking tests never rely on sleeps to know that a thread is waiting: a `FakeClock` sets an
 event when the buffer reads it just before `Condition.wait`, and the lock is held until the wait
@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from grpo_lab.rollout_buffer import Entry, RolloutBuffer
+from grpo_lab.rollout.buffer import Entry, RolloutBuffer
 
 JOIN_S = 5.0  # generous bound on any thread's exit; reaching it means a lost wake-up
 

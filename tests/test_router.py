@@ -1,4 +1,4 @@
-"""The KV-prefix router (grpo_lab.router) and its workload replay (grpo_lab.routing_replay)."""
+"""The KV-prefix router (grpo_lab.proxy.router) and its workload replay (grpo_lab.proxy.routing_replay)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.router import NoReplicaAvailable, PrefixRouter, RouterConfig
-from grpo_lab.routing_replay import replay
+from grpo_lab.proxy.router import NoReplicaAvailable, PrefixRouter, RouterConfig
+from grpo_lab.proxy.routing_replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 BS = 16  # the default block size

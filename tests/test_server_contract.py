@@ -1,6 +1,6 @@
 """docs/serving-api.md, checked against `grpo-lab serve` running as a real process.
 
-One server serves the whole module (started through `grpo_lab.server.start_server_process`, the
+One server serves the whole module (started through `grpo_lab.serving.server.start_server_process`, the
 helper notebooks and the launcher use): LoRA on, rank <= 8, 4 adapters per batch, processed
 logprobs, an API key, an allowed LoRA root, a 2 s emulated mount lag, a 100 kB body limit and
 max_model_len 32 (so that the length rule is easy to hit). Variants that need other environment
@@ -19,10 +19,10 @@ import time
 import pytest
 import torch
 
-from grpo_lab.client import BlockingClient, ServerError
-from grpo_lab.grpo_loss import policy_logprobs
-from grpo_lab.server import RolloutServer, ServeConfig, start_server_process
-from grpo_lab.trainer import pad_left, pad_right
+from grpo_lab.core.grpo_loss import policy_logprobs
+from grpo_lab.serving.client import BlockingClient, ServerError
+from grpo_lab.serving.server import RolloutServer, ServeConfig, start_server_process
+from grpo_lab.train.trainer import pad_left, pad_right
 
 KEY = "test-key"
 LAG_S = 2.0
@@ -430,7 +430,8 @@ def test_lora_not_enabled_and_a_dead_engine(monkeypatch, tiny_model_and_tokenize
 
 
 def test_serve_flags_are_checked(capsys):
-    from grpo_lab.cli import build_parser, config_from_args, main
+    from grpo_lab.cli.flags import config_from_args
+    from grpo_lab.cli.main import build_parser, main
 
     assert main(["serve", "tiny", "--max-lora-rank", "7"]) == 2
     assert "max_lora_rank must be one of" in capsys.readouterr().err

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from grpo_lab import rewards as R
-from grpo_lab.tasks import AdditionTask, SortTask, load_jsonl_problems, make_task
+from grpo_lab.core import rewards as R
+from grpo_lab.core.tasks import AdditionTask, SortTask, load_jsonl_problems, make_task
 
 
 def test_addition_is_zero_padded_and_correct():

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lab.tasks import AdditionTask, SortTask
-from grpo_lab.tiny_model import TinyModelRecipe
-from grpo_lab.tokenizer import ALPHABET, build_char_tokenizer
+from grpo_lab.core.tasks import AdditionTask, SortTask
+from grpo_lab.core.tiny_model import TinyModelRecipe
+from grpo_lab.core.tokenizer import ALPHABET, build_char_tokenizer
 
 
 def test_tokenizer_round_trips_every_task_string():
@@ -50,7 +50,7 @@ def test_recipe_key_changes_with_any_field():
 
 
 def test_cached_path_is_reused(tiny_model_dir):
-    from grpo_lab.tiny_model import tiny_model_path
+    from grpo_lab.core.tiny_model import tiny_model_path
 
     before = (tiny_model_dir / "model.safetensors").stat().st_mtime
     assert tiny_model_path(progress=False) == tiny_model_dir
@@ -59,7 +59,7 @@ def test_cached_path_is_reused(tiny_model_dir):
 
 def test_build_is_deterministic_from_the_seed(tmp_path):
     """Two builds of a small recipe from the same seed give identical weights."""
-    from grpo_lab.tiny_model import build_tiny_model
+    from grpo_lab.core.tiny_model import build_tiny_model
 
     recipe = TinyModelRecipe(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                              warmup_max_steps=3, warmup_batch_size=16)
@@ -71,7 +71,7 @@ def test_build_is_deterministic_from_the_seed(tmp_path):
 
 
 def test_build_refuses_an_unknown_task(tmp_path):
-    from grpo_lab.tiny_model import build_tiny_model
+    from grpo_lab.core.tiny_model import build_tiny_model
 
     with pytest.raises(ValueError, match="unknown task"):
         build_tiny_model(TinyModelRecipe(task="chess"), tmp_path)

@@ -40,12 +40,12 @@ from peft import LoraConfig
 from trl import GRPOConfig as TRLConfig
 from trl import GRPOTrainer as TRLTrainer
 
-from grpo_lab import grpo_loss as core
-from grpo_lab.config import GRPOConfig
-from grpo_lab.rewards import exact_match_reward
-from grpo_lab.tasks import AdditionTask
-from grpo_lab.tiny_model import load_model_and_tokenizer
-from grpo_lab.trainer import pad_left, pad_right
+from grpo_lab.core import grpo_loss as core
+from grpo_lab.core.config import GRPOConfig
+from grpo_lab.core.rewards import exact_match_reward
+from grpo_lab.core.tasks import AdditionTask
+from grpo_lab.core.tiny_model import load_model_and_tokenizer
+from grpo_lab.train.trainer import pad_left, pad_right
 
 TOL = 1e-5  # the bar for losses and metrics
 G = 4  # completions per prompt

@@ -1,0 +1,127 @@
+"""Trainer checkpoints in the bucket, so that a preempted trainer job resumes where it stopped.
+
+A checkpoint is everything the next step depends on:
+
+    <bucket>/checkpoints/step-000012/
+        adapter/            the LoRA adapter (PEFT's files) or the full model
+        optimizer.pt        AdamW's moments and step counts
+        state.json          step, policy version, prompt-sampler RNG, cumulative counters
+        rng.pt              torch's CPU RNG (sampling and dropout)
+
+Writing is atomic, as for adapters (grpo_lab.bucket.adapters): stage in a hidden temp dir
+(`.step-000012.tmp-x1y2`), then `os.rename` it to its final name. A trainer killed mid-write
+(SIGKILL, preemption) leaves only a hidden temp dir, which the next `Checkpoints(...)` deletes;
+`latest()` never sees it. The `keep` newest checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+STEP_RE = re.compile(r"step-(\d+)")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory entry (the rename) to disk where the OS allows it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Checkpoints:
+    """`save(trainer, state)` / `latest()` / `load(path, trainer)` under `root`."""
+
+    def __init__(self, root: str | os.PathLike, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root).absolute()
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.removed_partial = [p.name for p in self.root.glob(".step-*.tmp-*")]
+        for leftover in self.root.glob(".step-*.tmp-*"):  # a trainer killed mid-write
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step:06d}"
+
+    def steps(self) -> list[int]:
+        """Complete checkpoints, oldest first (hidden temp dirs are never listed)."""
+        found = (STEP_RE.fullmatch(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> Path | None:
+        steps = self.steps()
+        return self.path(steps[-1]) if steps else None
+
+    def save(self, trainer, state: dict) -> Path:
+        """Write the trainer's weights, optimizer and `state` (JSON-ready) as one checkpoint."""
+        step = trainer.step_count
+        final = self.path(step)
+        if final.exists():
+            return final
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.root))
+        try:
+            trainer.model.save_pretrained(staging / "adapter")
+            torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+            torch.save(torch.get_rng_state(), staging / "rng.pt")
+            full = {"step": step, "version": trainer.version,
+                    "sampler_rng": _encode_random_state(trainer.rng.getstate()), **state}
+            (staging / "state.json").write_text(json.dumps(full, indent=2))
+            os.rename(staging, final)  # atomic: readers see nothing or everything
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        for old in self.steps()[: -self.keep]:
+            shutil.rmtree(self.path(old), ignore_errors=True)
+        return final
+
+    @staticmethod
+    def read_state(path: str | os.PathLike) -> dict:
+        return json.loads((Path(path) / "state.json").read_text())
+
+    @staticmethod
+    def load(path: str | os.PathLike, trainer) -> dict:
+        """Restore weights, optimizer, step, version and RNGs into `trainer`; returns state.json."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        state = Checkpoints.read_state(path)
+        weights = path / "adapter" / "adapter_model.safetensors"
+        if weights.exists():  # LoRA: PEFT's file names lack the adapter name ("default")
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(trainer.model, load_file(weights))
+        else:
+            loaded = load_file(path / "adapter" / "model.safetensors")
+            trainer.model.load_state_dict(loaded, strict=False)
+        trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        trainer.rng.setstate(_decode_random_state(state["sampler_rng"]))
+        trainer.step_count = state["step"]
+        trainer.version = state["version"]
+        return state
+
+
+def _encode_random_state(state) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _decode_random_state(values: list):
+    version, internal, gauss = values
+    return (version, tuple(internal), gauss)

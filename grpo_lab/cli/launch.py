@@ -1,0 +1,84 @@
+"""`grpo-lab launch`: docs/recipe.md's multi-job run, built as a plan (grpo_lab.jobs.plan), then
+printed (--dry-run), run here or submitted to Hugging Face Jobs.
+
+    grpo-lab launch --dry-run                        the local plan and its shell lines
+    grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
+
+The local backend runs the jobs with `LocalLauncher` (grpo_lab.jobs.local) until the trainer exits;
+hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs) and returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from ..jobs.hf_jobs import HfJobsLauncher, hf_jobs_commands
+from ..jobs.local import LaunchError, LocalLauncher, local_commands
+from ..jobs.plan import RecipeConfig, recipe_plan
+from .flags import add_config_flags, config_from_args, field_docs
+
+
+def add_launch_parser(sub) -> None:
+    """Add `grpo-lab launch` to the CLI's subparsers."""
+    launch = sub.add_parser(
+        "launch", help="docs/recipe.md's multi-job run: replicas, proxy, trainer, one bucket",
+        description="Start the recipe's jobs locally (one process each) or on Hugging Face "
+                    "Jobs. Arguments after `--` replace the trainer's grpo-lab arguments.")
+    launch.add_argument("--backend", choices=("local", "hf-jobs"), default="local",
+                        help=field_docs(RecipeConfig)["backend"])
+    add_config_flags(launch, RecipeConfig, exclude=("backend",))
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print the plan and the equivalent commands; start nothing")
+    launch.add_argument("--run-dir", default=None,
+                        help="local backend: folder for logs and plan.json (default: runs/<run-name>)")
+    launch.add_argument("--namespace", default=None, help="hf-jobs: user or org running the jobs")
+    launch.add_argument("trainer_args", nargs="*",
+                        help="after `--`: the trainer's grpo-lab arguments, with {model}, "
+                             "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness} filled in")
+
+
+def launch_main(args: argparse.Namespace) -> int:
+    """`grpo-lab launch`: build the plan, then print it (--dry-run), run it, or submit it."""
+    try:
+        return _launch(args)
+    except LaunchError as exc:  # a job failed to start: its log tail, no traceback
+        print(f"grpo-lab launch: {exc}", file=sys.stderr)
+        return 1
+
+
+def _launch(args: argparse.Namespace) -> int:
+    config = config_from_args(args, RecipeConfig)
+    extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
+    plan = recipe_plan(config, **extra)
+    run_dir = Path(args.run_dir or Path("runs") / plan.name)
+    if args.dry_run:
+        print(plan.describe(), end="\n\n")
+        if plan.backend == "local":
+            print(local_commands(plan, run_dir))
+        else:
+            print(hf_jobs_commands(plan, args.namespace))
+        return 0
+    if plan.backend == "hf-jobs":
+        launcher = HfJobsLauncher(plan, namespace=args.namespace)
+        for name, info in launcher.submit().items():
+            print(f"{name}: {getattr(info, 'url', info.id)}")
+        print(f"replicas at: {', '.join(launcher.urls.values())}")
+        return 0
+    # Local: stop the jobs on SIGTERM too (`kill <pid>` of this command), not only on Ctrl-C
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    print(f"starting {', '.join(plan.names)}; logs in {run_dir / 'logs'}", flush=True)
+    try:
+        with LocalLauncher(plan, run_dir) as run:
+            print(json.dumps(run.status(), indent=2), flush=True)
+            code = run.wait("trainer")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"trainer exited with code {code}")
+    return code

@@ -1,0 +1,168 @@
+"""Running the course's notebooks: record what a notebook achieved, execute one with papermill.
+
+Each notebook has a `parameters` cell with CPU-sized defaults and a `results_path` parameter;
+its last cells assert the outcome and call `record_results(results_path, ...)`, so a test (or
+`grpo-lab notebook NAME`) can check values, not just that it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+# What each notebook must have recorded: name -> {condition: check on the results dict}.
+# Each condition is checked and reported on its own, so a failure names the key that missed.
+NOTEBOOK_GOALS = {
+    "00_setup_and_tiny_model": {
+        "0.15 <= baseline_accuracy <= 0.6": lambda r: 0.15 <= r["baseline_accuracy"] <= 0.6,
+        "mixed_groups >= 4": lambda r: r["mixed_groups"] >= 4,
+    },
+    "01_grpo_from_scratch": {
+        "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
+        "advantages_match": lambda r: r["advantages_match"],
+        "loss_match": lambda r: r["loss_match"],
+        "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
+    },
+    "02_grpo_with_lora": {
+        "LoRA gain >= 10 points":
+            lambda r: r["lora_accuracy_after"] >= r["lora_accuracy_before"] + 0.10,
+        "adapter < 2 % of the model": lambda r: r["adapter_bytes"] < 0.02 * r["model_bytes"],
+        "reloaded adapter scores the same":
+            lambda r: r["reloaded_accuracy"] == r["lora_accuracy_after"],
+    },
+    "03_grpo_with_trl": {
+        "grpo_lab gain >= 10 points":
+            lambda r: r["grpo_lab_accuracy_after"] >= r["accuracy_before"] + 0.10,
+        "TRL gain >= 10 points": lambda r: r["trl_accuracy_after"] >= r["trl_accuracy_before"] + 0.10,
+        "same starting accuracy": lambda r: r["trl_accuracy_before"] == r["accuracy_before"],
+        "config_mismatches == 0": lambda r: r["config_mismatches"] == 0,
+        "metrics_missing == 0": lambda r: r["metrics_missing"] == 0,
+        "TRL reward rose": lambda r: r["trl_reward_last"] > r["trl_reward_first"],
+        "grpo_lab reward rose": lambda r: r["grpo_lab_reward_last"] > r["grpo_lab_reward_first"],
+    },
+    "04_rollout_buffer_and_async": {
+        "sync_gain > 0": lambda r: r["sync_gain"] > 0,
+        "async_gain > 0": lambda r: r["async_gain"] > 0,
+        "async gains about as much as sync":
+            lambda r: r["async_gain"] >= r["sync_gain"] - r["accuracy_tolerance"],
+        "staleness within max_staleness":
+            lambda r: r["async_staleness_max"] <= r["max_staleness"],
+        "async_staleness_mean > 0": lambda r: r["async_staleness_mean"] > 0,
+        "fast producer: trainer-bound": lambda r: r["fast_producer_bottleneck"] == "trainer",
+        "slow producer: generation-bound":
+            lambda r: r["slow_producer_bottleneck"] == "generation",
+        "async run: trainer-bound": lambda r: r["async_bottleneck"] == "trainer",
+    },
+    "05_rollout_server_and_bucket": {
+        "adapters_differ": lambda r: r["adapters_differ"],
+        "base_ignores_adapters": lambda r: r["base_ignores_adapters"],
+        "wrong_weights_deviation > 0.01": lambda r: r["wrong_weights_deviation"] > 0.01,
+        "right_weights_deviation < 1e-3": lambda r: r["right_weights_deviation"] < 1e-3,
+        "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
+        "steps >= 1": lambda r: r["steps"] >= 1,
+    },
+    "06_proxy_and_kv_routing": {
+        "shared_blocks == 1": lambda r: r["shared_blocks"] == 1,
+        "walkthrough": lambda r: r["walkthrough"] == ["unmatched", "affinity", "unmatched",
+                                                      "affinity"],
+        "replay_unmatched_pct <= 15.5": lambda r: r["replay_unmatched_pct"] <= 15.5,
+        "group_affinity == 1": lambda r: r["group_affinity"] == 1.0,
+        "batch_in_order": lambda r: r["batch_in_order"],
+        "lagged_load_status == 200": lambda r: r["lagged_load_status"] == 200,
+        "load_retries >= 1": lambda r: r["load_retries"] >= 1,
+        "failed_load_status == 500": lambda r: r["failed_load_status"] == 500,
+        "rollbacks == 1": lambda r: r["rollbacks"] == 1,
+        "on_part_of_fleet == 0": lambda r: r["on_part_of_fleet"] == 0,
+    },
+    "07_multi_job_async_lora": {
+        "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
+        "syncs == steps + 1": lambda r: r["syncs"] == r["steps"] + 1,
+        "every replica routed": lambda r: min(r["routed"]) > 0,
+        "served versions == max_staleness + 1":
+            lambda r: len(r["served"]) == r["max_staleness"] + 1,
+        "bucket versions == max_staleness + 2":
+            lambda r: len(r["bucket_versions"]) == r["max_staleness"] + 2,
+    },
+    "08_reading_the_pipeline": {
+        "bottlenecks as expected": lambda r: r["bottlenecks"] == r["expected"] == [
+            "trainer", "generation", "generation", "trainer", "trainer"],
+        "r2 waits > 20 %": lambda r: r["wait_share"]["r2-token-budget"] > 0.2,
+        "r4 held back > 20 %": lambda r: r["held_back_share"]["r4-lift-cap"] > 0.2,
+        "r3 in-flight peak == 1": lambda r: r["inflight_peak"]["r3-two-replicas"] == 1,
+        "r5 syncs faster than r4":
+            lambda r: r["weight_sync_s"]["r5-sync-interval"] < r["weight_sync_s"]["r4-lift-cap"],
+    },
+}
+
+
+def missed_goals(notebook: str, results: dict) -> list[str]:
+    """The goals of NOTEBOOK_GOALS[notebook] that `results` misses (a missing key counts)."""
+    missed = []
+    for name, check in NOTEBOOK_GOALS[notebook].items():
+        try:
+            ok = check(results)
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            missed.append(name)
+    return missed
+
+
+def record_results(results_path: str | os.PathLike | None, **values) -> dict:
+    """Merge `values` into the JSON file at `results_path` (no-op when it is None)."""
+    if results_path is None:
+        return values
+    path = Path(results_path)
+    current = json.loads(path.read_text()) if path.exists() else {}
+    current.update(values)
+    path.write_text(json.dumps(current, indent=2, default=float))
+    return current
+
+
+def list_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The numbered notebooks, in course order."""
+    return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
+
+
+def find_notebook(name: str, notebook_dir: Path = NOTEBOOK_DIR) -> Path:
+    """A notebook by number (`"01"`), stem or file name."""
+    for path in list_notebooks(notebook_dir):
+        if name in (path.name, path.stem, path.stem[:2]):
+            return path
+    known = ", ".join(p.stem for p in list_notebooks(notebook_dir)) or "none"
+    raise FileNotFoundError(f"no notebook {name!r} in {notebook_dir} (known: {known})")
+
+
+def run_notebook(
+    notebook: str | Path,
+    output_dir: str | Path | None = None,
+    parameters: dict | None = None,
+    cell_timeout_s: int = 600,
+) -> dict:
+    """Execute a notebook with papermill into `output_dir` (never the source tree).
+
+    Returns the values the notebook recorded with `record_results`. Raises papermill's
+    `PapermillExecutionError` (naming the failing cell) when a cell or an assert fails.
+    """
+    import papermill
+
+    source = Path(notebook) if Path(notebook).suffix == ".ipynb" else find_notebook(str(notebook))
+    output_dir = Path(output_dir or tempfile.mkdtemp(prefix="grpo_lab_nb_"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / f"{source.stem}.results.json"
+    results_path.unlink(missing_ok=True)
+    papermill.execute_notebook(
+        str(source),
+        str(output_dir / source.name),
+        parameters={**(parameters or {}), "results_path": str(results_path)},
+        cwd=str(source.parent),
+        execution_timeout=cell_timeout_s,
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    return json.loads(results_path.read_text()) if results_path.exists() else {}

@@ -1,0 +1,254 @@
+"""`grpo-lab train-async`: the trainer job of the recipe (docs/recipe.md).
+
+    AsyncGRPOTrainer  ──generate──>  HTTPGenerator ──HTTP──> the proxy (or one server)
+          │                               │
+          └──every weight_sync_steps──> publish policy-vN into the bucket, load it on the servers
+          └──every checkpoint_every──>  <bucket>/checkpoints/step-S (grpo_lab.bucket.checkpoint)
+
+The run folder (`--output-dir`) gets `metrics.jsonl` (TRL's names, see grpo_lab.rollout.async_trainer),
+`syncs.jsonl` (one line per weight sync: version, seconds of each stage, bytes), the final
+`adapter/` and `summary.json` (greedy held-out accuracy before and after, evaluated here, in the
+trainer process). Adapters `policy-v{N}` go to the bucket (`--bucket`, default
+`<output-dir>/adapters`).
+
+**Resume** (`--resume`, e.g. after a preemption): load the newest checkpoint (adapter, optimizer,
+step, version, RNGs), drop the metrics logged after it, unload every adapter of this name that
+the servers still hold (they may come from steps the checkpoint does not have; a fresh run does
+this too), then publish the
+checkpoint's weights as the next unused version and go on. Versions keep counting up with no gap
+and no name is ever reused (servers key their prefix caches by adapter name). Without a
+checkpoint, `--resume` starts again from step 0 (after any versions already published), so a
+job can always be restarted with the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from ..bucket.adapters import AdapterBucket
+from ..bucket.checkpoint import Checkpoints
+from ..rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from ..rollout.http_generator import HTTPGenerator
+from ..train.metrics import read_metrics
+from .flags import add_config_flags, config_from_args
+
+
+class _NotYetPublished:
+    """Stands in for the generator while the trainer is built: the first publish happens
+    once we know whether this run starts at version 0 or resumes at version N."""
+
+    latest_version = -1
+
+    def publish(self, model, version: int) -> None:
+        pass
+
+    def generate(self, *args, **kwargs):
+        raise RuntimeError("no generator yet")
+
+
+class LoggedHTTPGenerator(HTTPGenerator):
+    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done."""
+
+    def __init__(self, *args, log_path: Path, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log_path = log_path
+
+    def publish(self, model, version: int) -> None:
+        super().publish(model, version)
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(self.syncs[-1]) + "\n")
+
+
+class ResumableAsyncGRPOTrainer(AsyncGRPOTrainer):
+    """`AsyncGRPOTrainer` whose version may run ahead of `step // weight_sync_steps`.
+
+    After a resume the first version is the next unused one, `version_offset` ahead of the
+    checkpoint's. The worker's admission rule counts batches from the step count, so its first
+    batch index is shifted by the same number of syncs; otherwise the worker would start batches
+    one sync too early and the buffer would drop them as too stale.
+    """
+
+    version_offset = 0
+
+    def start_steps(self) -> None:
+        step = self.step_count
+        self.step_count = step + self.version_offset * self.config.weight_sync_steps
+        try:
+            super().start_steps()  # the worker's first batch index is read from step_count
+        finally:
+            self.step_count = step
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_metrics(path: Path, last_step: int) -> list[dict]:
+    """Keep the records up to `last_step` (a resumed run logs the later steps again)."""
+    if not path.exists():
+        return []
+    kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+def _reset_live_versions(generator: HTTPGenerator, bucket: AdapterBucket) -> list[str]:
+    """Unload every adapter of this run from the servers; mark them all unloaded in the bucket."""
+    prefix = bucket.prefix + "-v"
+    loaded = [m["id"] for m in generator.client.models() if m["id"].startswith(prefix)]
+    for name in loaded:
+        generator.client.unload_lora_adapter(name)
+    for version in bucket.versions():
+        bucket.mark_unloaded(version)
+    return loaded
+
+
+def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str | None = None,
+                    resume: bool = False, checkpoint_every: int = 0, keep_checkpoints: int = 2,
+                    api_key: str | None = None, prefix: str = "policy",
+                    request_retries: int = 3, max_inflight: int | None = None) -> dict:
+    """Train against `server_url`; returns (and writes) the run's summary."""
+    if not config.output_dir:
+        raise ValueError("train-async needs --output-dir")
+    if not config.use_lora:
+        raise ValueError("train-async syncs adapters through the bucket: it needs use_lora")
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bucket = AdapterBucket(bucket_dir or out / "adapters", prefix=prefix,
+                           max_staleness=config.max_staleness)
+    checkpoints = Checkpoints(bucket.root / "checkpoints", keep=keep_checkpoints)
+    latest = checkpoints.latest() if resume else None
+    if not resume and bucket.versions():
+        raise ValueError(f"{bucket.root} already holds {prefix}-v* adapters: pass --resume to "
+                         "continue that run, or use a new --bucket")
+    state = Checkpoints.read_state(latest) if latest else {}
+    if latest is None:  # from step 0: no metrics from an earlier attempt
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        if not bucket.versions():  # and no version published yet
+            (out / "syncs.jsonl").unlink(missing_ok=True)
+    previous = _truncate_metrics(out / "metrics.jsonl", state.get("step", 0))
+
+    # A kill between an adapter's rename and its log line: the bucket says it was published.
+    logged = {s["version"] for s in _read_jsonl(out / "syncs.jsonl")}
+    with (out / "syncs.jsonl").open("a") as f:
+        for version in bucket.versions():
+            if version not in logged:
+                f.write(json.dumps({"version": version, "recovered": True}) + "\n")
+
+    generator = LoggedHTTPGenerator(server_url, bucket, api_key=api_key,
+                                    max_staleness=config.max_staleness, seed=config.seed,
+                                    log_path=out / "syncs.jsonl", retries=request_retries,
+                                    max_inflight=max_inflight)
+    try:
+        trainer = ResumableAsyncGRPOTrainer(config, generator=_NotYetPublished())
+        trainer.logger.records = list(previous)
+        # Adapters of this name the servers still hold come from a killed attempt (or an
+        # earlier run into another bucket): never sample from them.
+        unloaded = _reset_live_versions(generator, bucket)
+        if latest is not None:
+            Checkpoints.load(latest, trainer)
+        # The next unused version: the bucket may hold versions newer than the checkpoint
+        # (or, killed before the first checkpoint, versions of an attempt that restarts at 0).
+        start_version = max([trainer.version if latest else -1, *bucket.versions()]) + 1
+        if resume:
+            print(f"resuming from {latest.name if latest else 'step 0 (no checkpoint)'}: step "
+                  f"{trainer.step_count}, version {trainer.version} -> {start_version}; "
+                  f"unloaded {unloaded}", flush=True)
+        trainer.generator = generator
+        generator.publish(trainer.model, start_version)  # (re-)register the live version
+        trainer.version_offset = start_version - trainer.version
+        trainer.version = start_version
+
+        counters = dict(state.get("counters", {}))
+        offsets = {k: counters.get(k, 0) for k in ("dropped_stale", "enqueued", "delivered")}
+        lost = counters.get("lost_on_resume", 0)
+        if latest is not None:  # groups generated but neither trained nor dropped: gone with it
+            lost += max(0, offsets["enqueued"] - offsets["delivered"] - offsets["dropped_stale"])
+
+        def totals() -> dict:
+            stats = trainer.buffer.stats() if trainer.buffer is not None else {}
+            now = {k: offsets[k] + stats.get(f"sample/{k}", 0) for k in offsets}
+            return {**now, "lost_on_resume": lost}
+
+        def on_step(record: dict) -> None:
+            if checkpoint_every and record["step"] % checkpoint_every == 0:
+                # Counters at a step boundary: what is in the buffer now is not trained yet.
+                checkpoints.save(trainer, {"counters": totals(),
+                                           "accuracy_before": accuracy_before()})
+
+        def accuracy_before():
+            history = trainer.accuracy_history
+            return state.get("accuracy_before", history[0][1] if history else None)
+
+        start = time.perf_counter()
+        remaining = config.steps - trainer.step_count
+        if remaining > 0:
+            trainer.train(steps=remaining, callback=on_step)
+        seconds = time.perf_counter() - start
+        syncs = [s for s in _read_jsonl(out / "syncs.jsonl") if "sync_s" in s]
+        history = trainer.accuracy_history
+        summary = {
+            "steps": trainer.step_count,
+            "samples": trainer.step_count * config.prompts_per_step * config.num_generations,
+            "version": trainer.version,
+            "accuracy_before": accuracy_before(),
+            "accuracy_after": history[-1][1] if history else None,
+            "syncs": len(_read_jsonl(out / "syncs.jsonl")),
+            "sync_p50_s": statistics.median(s["sync_s"] for s in syncs) if syncs else None,
+            "resumed_from": latest.name if latest else None,
+            "groups": totals(),
+            "retried_requests": generator.retried,
+            "inflight_peak": generator.inflight_peak,
+            "seconds": round(seconds, 1),
+            "bucket": str(bucket.root),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        generator.close()
+
+
+def add_train_async_parser(sub) -> None:
+    parser = sub.add_parser("train-async", help="the trainer job: asynchronous LoRA GRPO against "
+                            "inference servers (a proxy or one server), adapters through a bucket")
+    parser.add_argument("--server-url", required=True,
+                        help="base URL of the proxy (or of one `grpo-lab serve` / `vllm serve`)")
+    parser.add_argument("--bucket", default=None, metavar="DIR",
+                        help="folder the servers load adapters from (default <output-dir>/adapters)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest checkpoint in the bucket, if any")
+    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                        help="save a checkpoint to the bucket every N steps (0 = never)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2,
+                        help="how many of the newest checkpoints to keep")
+    parser.add_argument("--adapter-prefix", default="policy",
+                        help="adapters are named <prefix>-v<N> in the bucket and on the servers")
+    parser.add_argument("--request-retries", type=int, default=3,
+                        help="times a completion answered 502/503/504 (a replica died under it) "
+                        "is sent again")
+    parser.add_argument("--max-inflight", type=int, default=None, metavar="N",
+                        help="most completion requests in flight at once (one request = one "
+                        "prompt with n = G completions; default: all of a step's prompts)")
+    parser.add_argument("--api-key-env", default=None, metavar="VAR",
+                        help="environment variable holding the servers' bearer token")
+    add_config_flags(parser, AsyncGRPOConfig)
+
+
+def train_async_main(args) -> int:
+    config = config_from_args(args, AsyncGRPOConfig)
+    summary = run_train_async(
+        config, args.server_url, bucket_dir=args.bucket, resume=args.resume,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+        prefix=args.adapter_prefix, request_retries=args.request_retries,
+        max_inflight=args.max_inflight)
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0

@@ -1,0 +1,6 @@
+"""Stage 1, core: the pieces of GRPO itself, with no training loop.
+
+The tiny offline model and its tokenizer, tasks and rewards, sampling completions with their
+logprobs, greedy evaluation, the GRPO loss (advantages, clipped surrogate, KL) and `GRPOConfig`.
+Taught by notebooks 00 (the tiny model) and 01 (GRPO from scratch).
+"""

@@ -1,0 +1,148 @@
+"""`GRPOConfig`: every knob of a GRPO run, a docstring under each (the CLI reads them as help).
+
+Invalid values fail here, at construction, with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .grpo_loss import LOSS_TYPES
+from .rewards import REWARDS
+from .tasks import TASKS
+
+LR_SCHEDULES = ("constant", "linear")
+
+
+@dataclass
+class GRPOConfig:
+    # --- model and task ---
+    model: str = "tiny"
+    """`tiny` builds the offline tiny model for the task; else any hub id or local path."""
+    task: str = "addition"
+    """Task to train on: `addition` or `sort` (see grpo_lab.core.tasks)."""
+    difficulty: int | None = None
+    """Task difficulty: digits for addition, list length for sort (None = task default)."""
+    reward: str = "exact_match"
+    """Reward function name: `exact_match` or `math_answer` (see grpo_lab.core.rewards)."""
+    seed: int = 0
+    """Seeds prompt sampling, generation and LoRA initialisation."""
+    device: str = "cpu"
+    """`cpu`, `cuda`, ...: where the model runs."""
+    num_threads: int | None = None
+    """torch intra-op threads for this process (None = torch's default)."""
+
+    # --- the GRPO batch ---
+    steps: int = 200
+    """Optimizer steps (one batch of fresh rollouts each)."""
+    prompts_per_step: int = 16
+    """Distinct prompts per step."""
+    num_generations: int = 8
+    """G: completions sampled per prompt; advantages are relative within these G."""
+    max_new_tokens: int | None = None
+    """Completion length cap (None = the task's answer length + 2)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probabilities are computed at the same temperature."""
+
+    # --- the loss ---
+    loss_type: str = "grpo"
+    """Aggregation: `grpo` (per-sequence mean), `dapo` (token mean), `dr_grpo` (constant)."""
+    scale_rewards: bool = True
+    """Divide advantages by the group's reward std (False = Dr. GRPO's unscaled advantages)."""
+    epsilon_low: float = 0.2
+    """Lower clip range: ratio is clipped at 1 - epsilon_low."""
+    epsilon_high: float = 0.2
+    """Upper clip range: ratio is clipped at 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
+    beta: float = 0.0
+    """KL penalty weight against the initial policy (0 = no reference model)."""
+    num_iterations: int = 1
+    """mu: optimizer updates on each batch of rollouts (ratio != 1 from the second on)."""
+
+    # --- the optimizer and the adapter ---
+    learning_rate: float = 1e-3
+    """AdamW learning rate (1e-3 suits LoRA on the tiny model; ~1e-4 for full fine-tuning)."""
+    lr_scheduler_type: str = "constant"
+    """`constant`, or `linear`: decay from learning_rate to 0 over `steps` (TRL's default)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    use_lora: bool = True
+    """Train a LoRA adapter (peft) instead of every weight."""
+    lora_rank: int = 1
+    """LoRA rank r (rank 1 matches full fine-tuning for policy-gradient RL)."""
+    lora_alpha: float | None = None
+    """LoRA alpha (None = 2 * rank, the recipe's choice)."""
+
+    # --- evaluation, logging, output ---
+    eval_every: int = 50
+    """Greedy held-out accuracy every N steps (and always before and after); 0 = ends only."""
+    eval_size: int = 512
+    """Held-out problems per evaluation."""
+    log_every: int = 1
+    """Print one line with fixed keys every N steps."""
+    output_dir: str | None = None
+    """Folder for metrics.jsonl, config.json and the adapter/model (None = write nothing)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+    def __post_init__(self):
+        problems = []
+        if self.task not in TASKS:
+            problems.append(f"unknown task {self.task!r} (choose one of {sorted(TASKS)})")
+        if self.reward not in REWARDS:
+            problems.append(f"unknown reward {self.reward!r} (choose one of {sorted(REWARDS)})")
+        if self.loss_type not in LOSS_TYPES:
+            problems.append(f"unknown loss_type {self.loss_type!r} (choose one of {LOSS_TYPES})")
+        if self.num_generations < 2:
+            problems.append(
+                f"num_generations must be >= 2 (got {self.num_generations}): "
+                "a group of one has no relative advantage"
+            )
+        if self.temperature <= 0:
+            problems.append(f"temperature must be > 0 for sampling (got {self.temperature})")
+        if self.use_lora and self.lora_rank < 1:
+            problems.append(f"lora_rank must be >= 1 (got {self.lora_rank})")
+        for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.lr_scheduler_type not in LR_SCHEDULES:
+            problems.append(f"unknown lr_scheduler_type {self.lr_scheduler_type!r} "
+                            f"(choose one of {LR_SCHEDULES})")
+        if self.learning_rate <= 0:
+            problems.append(f"learning_rate must be > 0 (got {self.learning_rate})")
+        if self.epsilon_low < 0 or self.epsilon_high < 0 or self.epsilon_low >= 1:
+            problems.append("need 0 <= epsilon_low < 1 and epsilon_high >= 0")
+        if self.beta < 0:
+            problems.append(f"beta must be >= 0 (got {self.beta})")
+        if self.eval_every < 0:
+            problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
+        if problems:
+            raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
+
+    def learning_rate_at(self, step: int) -> float:
+        """Computed at runtime: the learning rate of optimizer step `step` (0-based)."""
+        if self.lr_scheduler_type == "linear":
+            return self.learning_rate * max(0.0, 1.0 - step / self.steps)
+        return self.learning_rate
+
+    @property
+    def effective_lora_alpha(self) -> float:
+        """Computed at runtime: lora_alpha, or 2 * rank when unset."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> GRPOConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GRPOConfig fields: {unknown}")
+        return cls(**values)

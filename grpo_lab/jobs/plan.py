@@ -1,0 +1,240 @@
+"""The recipe's plan: docs/recipe.md's run written down as a `RunPlan` (grpo_lab.jobs.specs).
+
+    replica-0 ──┐                                  one bucket, mounted at the same absolute
+    replica-1 ──┼──> proxy ──> trainer             path in every job (`/lora` on HF Jobs):
+    ...        ─┘   127.0.0.1, beside the trainer  the trainer writes adapters, replicas read
+
+`recipe_plan()` builds it from a `RecipeConfig` (the flags of `grpo-lab launch`) for either
+backend: `local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each,
+grpo_lab installed from a wheel of this checkout carried in the bucket).
+
+Where the proxy runs: on HF Jobs it runs **inside the trainer job** (as in the recipe), because it
+must sit on 127.0.0.1 next to the trainer and hold the token that exposed job ports need. Locally
+it is **a job of its own** (own log, own process group, health-checked before the trainer starts),
+which changes nothing for the trainer: it talks to `http://127.0.0.1:<port>` either way.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .specs import (
+    CPU_IMAGE,
+    PACKAGE_WHEEL,
+    BucketMount,
+    JobSpec,
+    RunPlan,
+    free_port,
+    is_gpu_flavor,
+    package_wheel_name,
+    shell_join,
+    url_of,
+)
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
+"""Replica image on GPU flavors (pinned: the version the blog's LoRA path was validated on)."""
+HF_BLOG_MODEL = "Qwen/Qwen2.5-Math-1.5B"
+
+WHEELS_DIR = "wheels"
+"""Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
+
+DEFAULT_TRAINER_ARGS = (
+    "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
+    "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
+    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters", "--resume",
+)
+"""`grpo-lab train-async` (grpo_lab.cli.train_async). `--resume` makes a restarted trainer job (a
+preemption) continue from its newest checkpoint; on a first start there is none."""
+
+
+@dataclass
+class RecipeConfig:
+    """Parameters of `recipe_plan` (and flags of `grpo-lab launch`)."""
+
+    backend: str = "local"
+    """`local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each)."""
+    base_model: str | None = None
+    """Base model the replicas serve and the trainer adapts (default: `tiny`, the offline tiny
+    model, locally and on CPU flavors; Qwen/Qwen2.5-Math-1.5B, the blog's model, on GPUs)."""
+    replicas: int = 2
+    """Inference replicas behind the proxy."""
+    lora_rank: int = 1
+    """LoRA rank of the trained adapter (and the servers' --max-lora-rank)."""
+    max_staleness: int = 4
+    """Versions a sample may lag the trainer; servers hold max_staleness + 2 adapters."""
+    bucket: str | None = None
+    """Local directory (default: $GRPO_LAB_HOME/bucket) or hf://buckets/<owner>/<bucket>
+    (required on HF Jobs)."""
+    mount_path: str | None = None
+    """Where every job sees the bucket (default /lora on HF Jobs; locally the directory itself,
+    since processes on one machine already share paths)."""
+    replica_flavor: str | None = None
+    """HF Jobs flavor of each replica (default h200: `vllm serve`; a cpu-* flavor runs
+    `grpo-lab serve`). Locally: `local`."""
+    trainer_flavor: str | None = None
+    """HF Jobs flavor of the trainer job, which also runs the proxy (default h200)."""
+    engine: str | None = None
+    """Replica server: `vllm` or `grpo-lab` (default: vllm on GPU flavors, grpo-lab otherwise)."""
+    port: int = 8000
+    """Port of each replica on HF Jobs, and of the proxy inside the trainer job. Locally every
+    job gets a free port."""
+    timeout: str = "4h"
+    """Longest run of each HF job."""
+    install: str | None = None
+    """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
+    checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
+    installed from the mount. Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
+    `true` for an image that already has it."""
+    run_name: str | None = None
+    """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
+    health_timeout_s: float = 300.0
+    """Local backend: how long to wait for each server's /health."""
+
+
+def _vllm_replica_args(model: str, port: int, cfg: RecipeConfig) -> list[str]:
+    return ["vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
+            "--enable-lora", "--max-lora-rank", str(cfg.lora_rank),
+            "--max-loras", str(cfg.max_staleness + 2),
+            "--logprobs-mode", "processed_logprobs",
+            # the model card's sampling defaults (e.g. top_p) would apply to every rollout
+            "--generation-config", "vllm"]
+
+
+def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str) -> list[str]:
+    return ["serve", model, "--host", host, "--port", str(port),
+            "--enable-lora", "--max-lora-rank", str(cfg.lora_rank),
+            "--max-loras", str(cfg.max_staleness + 2),
+            "--logprobs-mode", "processed_logprobs", "--allowed-lora-root", mount]
+
+
+def proxy_args(upstreams: list[str], host: str, port: int, token_env: str | None) -> list[str]:
+    """`grpo-lab proxy` arguments (after `grpo-lab`): one `--upstream` per replica."""
+    args = ["proxy", "--host", host, "--port", str(port)]
+    for url in upstreams:
+        args += ["--upstream", url]
+    return args + (["--upstream-token-env", token_env] if token_env else [])
+
+
+def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, ...] | list[str]
+                = DEFAULT_TRAINER_ARGS, **fields) -> RunPlan:
+    """docs/recipe.md's run as a plan: N replicas, a proxy, a trainer, one bucket.
+
+    `trainer_args` follow `grpo-lab` in the trainer's command; `{model}`, `{proxy_url}`,
+    `{output_dir}` (the run's folder in the bucket), `{lora_rank}` and `{max_staleness}` are
+    filled in. Example: `recipe_plan(backend="hf-jobs", bucket="hf://buckets/me/lora")`.
+    """
+    cfg = replace(config or RecipeConfig(), **fields)
+    if cfg.backend not in ("local", "hf-jobs"):
+        raise ValueError(f"backend must be local or hf-jobs, got {cfg.backend!r}")
+    if cfg.replicas < 1 or cfg.lora_rank < 1 or cfg.max_staleness < 0:
+        raise ValueError("need replicas >= 1, lora_rank >= 1 and max_staleness >= 0")
+    if cfg.engine not in (None, "vllm", "grpo-lab"):
+        raise ValueError(f"engine must be vllm or grpo-lab, got {cfg.engine!r}")
+    run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
+    if cfg.backend == "local":
+        return _local_plan(cfg, run_name, list(trainer_args))
+    return _hf_jobs_plan(cfg, run_name, list(trainer_args))
+
+
+def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url: str, output_dir: str):
+    values = {"model": model, "proxy_url": proxy_url, "output_dir": output_dir,
+              "lora_rank": cfg.lora_rank, "max_staleness": cfg.max_staleness}
+    return [arg.format(**values) for arg in template]
+
+
+def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -> RunPlan:
+    from ..core.home import grpo_lab_home
+
+    bucket = Path(cfg.bucket or grpo_lab_home() / "bucket").expanduser().absolute()
+    if str(bucket).startswith("hf:"):
+        raise ValueError("the local backend needs a local directory as its bucket")
+    if cfg.mount_path not in (None, str(bucket)):
+        raise ValueError("locally nothing is mounted: every process sees the bucket at its own "
+                         f"path ({bucket}); leave mount_path unset")
+    mount = str(bucket)
+    model = cfg.base_model or "tiny"
+    grpo_lab = [sys.executable, "-m", "grpo_lab.cli"]
+    engine = cfg.engine or "grpo-lab"
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    jobs, upstreams = [], []
+    for i in range(cfg.replicas):
+        port = free_port()
+        if engine == "vllm":
+            command = _vllm_replica_args(model, port, cfg)
+            command[command.index("0.0.0.0")] = "127.0.0.1"
+        else:
+            command = [*grpo_lab, *_grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount),
+                       "--num-threads", "1"]
+        url = f"http://127.0.0.1:{port}"
+        upstreams.append(url)
+        jobs.append(JobSpec(
+            name=f"replica-{i}", command=command, env=dict(env),
+            volumes=[BucketMount(mount, mount, read_only=True)], ports=[port],
+            health_url=f"{url}/health", health_timeout_s=cfg.health_timeout_s))
+    proxy_port = free_port()
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    jobs.append(JobSpec(
+        name="proxy", command=[*grpo_lab, *proxy_args(upstreams, "127.0.0.1", proxy_port, None)],
+        env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
+        health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
+    trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
+    jobs.append(JobSpec(
+        name="trainer", command=[*grpo_lab, *trainer], env=dict(env),
+        volumes=[BucketMount(mount, mount, read_only=False)], depends_on=["proxy"]))
+    return RunPlan(jobs, name=run_name, backend="local")
+
+
+def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -> RunPlan:
+    if not (cfg.bucket or "").startswith("hf://buckets/"):
+        raise ValueError("HF Jobs need a Storage Bucket: bucket='hf://buckets/<owner>/<bucket>'")
+    mount = cfg.mount_path or "/lora"
+    replica_flavor = cfg.replica_flavor or "h200"
+    model = cfg.base_model or (HF_BLOG_MODEL if is_gpu_flavor(replica_flavor) else "tiny")
+    trainer_flavor = cfg.trainer_flavor or "h200"
+    engine = cfg.engine or ("vllm" if is_gpu_flavor(replica_flavor) else "grpo-lab")
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    install, uploads = cfg.install, []
+    if install is None:  # ship this checkout: a wheel in the run's folder of the bucket
+        wheel = f"{run_name}/{WHEELS_DIR}/{package_wheel_name()}"
+        uploads = [(PACKAGE_WHEEL, f"{cfg.bucket.rstrip('/')}/{wheel}")]
+        # a mount may show a new file some seconds after the upload: wait for it (10 min at most)
+        install = (f"for _ in $(seq 120); do test -f {mount}/{wheel} && break; sleep 5; done\n"
+                   f"pip install --quiet {mount}/{wheel}")
+    jobs = []
+    for i in range(cfg.replicas):
+        if engine == "vllm":
+            command, image = _vllm_replica_args(model, cfg.port, cfg), VLLM_IMAGE
+        else:  # a CPU job: install grpo_lab, then serve
+            serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", cfg.port, cfg, mount)])
+            command, image = ["bash", "-c", f"set -e\n{install}\nexec {serve}\n"], CPU_IMAGE
+        jobs.append(JobSpec(
+            name=f"replica-{i}", command=command, env=dict(env), secrets=["HF_TOKEN"],
+            volumes=[BucketMount(cfg.bucket, mount, read_only=True)], ports=[cfg.port],
+            flavor=replica_flavor, image=image, timeout=cfg.timeout))
+    # The trainer job: the proxy on 127.0.0.1 beside the trainer (it adds the bearer token that
+    # exposed ports need), a wait until every replica answers through it, then the trainer.
+    proxy_url = f"http://127.0.0.1:{cfg.port}"
+    proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", cfg.port, "HF_TOKEN")
+    wait = ["python", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
+            "--timeout-s", "1800", "--pid"]
+    trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
+    script = "\n".join([
+        "set -e",
+        install,
+        shell_join(["grpo-lab", *proxy]) + " &",
+        shlex.join(wait) + " $!",
+        "exec " + shlex.join(["grpo-lab", *trainer]),
+        "",
+    ])
+    jobs.append(JobSpec(
+        name="trainer", command=["bash", "-c", script], env={"PYTHONUNBUFFERED": "1"},
+        secrets=["HF_TOKEN"], volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
+        flavor=trainer_flavor, image=VLLM_IMAGE if is_gpu_flavor(trainer_flavor) else CPU_IMAGE,
+        timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
+    return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads)

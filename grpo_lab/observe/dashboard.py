@@ -1,0 +1,360 @@
+"""Watch an asynchronous run: a live panel in a notebook, a text line elsewhere, and plots.
+
+    dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))
+    trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
+    dash.follow(run_dir, until=lambda: not run.running("trainer"))
+    plot_pipeline(run_dir); diagnose(read_metrics(run_dir)).verdict
+
+In a notebook `Dashboard` shows an ipywidgets panel (a status line and a matplotlib picture,
+redrawn at most every `min_interval_s`); elsewhere it prints the status line instead.
+
+`diagnose` applies docs/recipe.md's rule ("Reading the pipeline"):
+    full queue  + zero wait   + high backpressure  = the trainer is too slow
+    empty queue + rising wait + no backpressure    = generation is too slow
+Generation is held back by a full buffer (`rollout/backpressure_s`) or, in grpo_lab's async
+trainer, by the admission rule that keeps samples within max_staleness
+(`rollout/version_wait_s`): both mean generation is ahead, so both count as backpressure.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from ..train.metrics import moving_average, read_metrics, series
+
+QUEUE, QUEUE_MAX = "sample/rollout_queue_size", "sample/rollout_queue_maxsize"
+WAIT, BACKPRESSURE = "perf/rollout_wait_s", "rollout/backpressure_s"
+VERSION_WAIT = "rollout/version_wait_s"
+INFLIGHT = "rollout/inflight"
+STEP, FWD_BWD, SYNC = "perf/step_s", "perf/fwd_bwd_s", "perf/weight_sync_s"
+STALE_MEAN, STALE_MAX = "sample/staleness_mean", "sample/staleness_max"
+
+
+class Diagnosis(NamedTuple):
+    bottleneck: str
+    """`trainer`, `generation`, `balanced`, or `unknown` (no queue metrics)."""
+    verdict: str
+    """One sentence, with the numbers that decided it."""
+    numbers: dict
+    """steps, queue_fill, rollout_wait_s, wait_share, wait_slope_s, backpressure_s,
+    version_wait_s, held_back_share, fwd_bwd_share (per-step means or shares of step time,
+    over the window)."""
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ys against xs (0 for fewer than 2 points)."""
+    if len(xs) < 2:
+        return 0.0
+    mx, my = _mean(xs), _mean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+
+
+def diagnose(records: Iterable[dict], window: int = 20, *, full: float = 0.75,
+             empty: float = 0.25, idle: float = 0.05, busy: float = 0.2) -> Diagnosis:
+    """Which side of the rollout buffer holds the run back, over the last `window` steps.
+
+    `full`/`empty`: queue fill (size / max size) that counts as full / empty. Waits are compared
+    to the step time: a share under `idle` is "zero" / "no", a share over `busy` is "high".
+    """
+    rows = [r for r in records if r.get(QUEUE_MAX) and STEP in r][-window:]
+    if not rows:
+        return Diagnosis("unknown", "no pipeline metrics yet (a synchronous run has no queue)", {})
+    step_time = sum(r[STEP] for r in rows) or 1e-9
+    waits = [r.get(WAIT, 0.0) for r in rows]
+    n = {
+        "steps": len(rows),
+        "queue_fill": _mean([r[QUEUE] / r[QUEUE_MAX] for r in rows]),
+        "rollout_wait_s": _mean(waits),
+        "wait_share": sum(waits) / step_time,
+        "wait_slope_s": _slope([r.get("step", i) for i, r in enumerate(rows)], waits),
+        "backpressure_s": _mean([r.get(BACKPRESSURE, 0.0) for r in rows]),
+        "version_wait_s": _mean([r.get(VERSION_WAIT, 0.0) for r in rows]),
+        "held_back_share": sum(r.get(BACKPRESSURE, 0.0) + r.get(VERSION_WAIT, 0.0)
+                               for r in rows) / step_time,
+        "fwd_bwd_share": sum(r.get(FWD_BWD, 0.0) for r in rows) / step_time,
+    }
+    facts = (f"queue {n['queue_fill']:.0%} full, trainer waits {n['rollout_wait_s']:.2f} s/step "
+             f"({n['wait_share']:.0%} of a step), generation held back "
+             f"{n['backpressure_s'] + n['version_wait_s']:.2f} s/step ({n['held_back_share']:.0%})")
+    if n["queue_fill"] >= full and n["wait_share"] <= idle and n["held_back_share"] >= busy:
+        return Diagnosis("trainer", f"trainer too slow: {facts}. Generation is throttled by a "
+                         "full buffer; speed up the step (packing, no gradient checkpointing) "
+                         "before adding replicas.", n)
+    rising = n["wait_share"] >= busy or (n["wait_slope_s"] > 0 and n["wait_share"] > idle)
+    if n["queue_fill"] <= empty and rising and n["held_back_share"] <= idle:
+        return Diagnosis("generation", f"generation too slow: {facts}. The trainer starves; "
+                         "add replicas or lift the client's cap on in-flight requests.", n)
+    return Diagnosis("balanced", f"neither side clearly waits for the other: {facts}.", n)
+
+
+def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> dict:
+    """The proxy's router counters (`GET <url>/proxy/stats`), for `Dashboard(stats=...)`."""
+    request = urllib.request.Request(url.rstrip("/") + "/proxy/stats")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def _router_counters(stats: dict) -> dict:
+    """affinity / spilled / unmatched / routed, at the top level or under `router`."""
+    source = stats.get("router", stats) if isinstance(stats.get("router"), dict) else stats
+    return {k: source[k] for k in ("affinity", "spilled", "unmatched", "routed") if k in source}
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (papermill included), where widgets can be shown."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _plot(ax, records, keys, title, styles=("-", "-", "--")):
+    for key, style in zip(keys, styles):
+        xs, ys = series(records, key)
+        if xs:
+            ax.plot(xs, ys, style, label=key.split("/")[-1])
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+
+
+def draw_pipeline(fig, records: list[dict]) -> None:
+    """The pipeline panels of `plot_pipeline` into `fig` (2 x 3 axes)."""
+    axes = fig.subplots(2, 3).ravel()
+    _plot(axes[0], records, (STEP, FWD_BWD), "step time (s)")
+    _plot(axes[1], records, (WAIT, BACKPRESSURE), "rollout wait vs backpressure (s)")
+    _plot(axes[2], records, (QUEUE, QUEUE_MAX), "rollout queue size vs max", ("-", "--"))
+    _plot(axes[3], records, (STALE_MEAN, STALE_MAX), "staleness (versions)")
+    _plot(axes[4], records, (SYNC,), "weight sync (s)")
+    _plot(axes[5], records, ("rollout/generated_tok_s",), "generated tokens / s")
+    for ax in axes[3:]:
+        ax.set_xlabel("step", fontsize=8)
+
+
+def plot_pipeline(run: str | Path | list[dict], title: str | None = None):
+    """The recipe's pipeline metrics from a run folder (its metrics.jsonl) or a list of
+    records; the diagnosis is the title. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    records = run if isinstance(run, list) else read_metrics(run)
+    fig = plt.figure(figsize=(13, 6))
+    draw_pipeline(fig, records)
+    fig.suptitle(title or diagnose(records).verdict, fontsize=9, wrap=True)
+    fig.tight_layout()
+    return fig
+
+
+class Dashboard:
+    """Live view of a run. `update(record)` per step (a trainer callback: it draws in the
+    caller's thread) or `follow(run_dir)` (tails the run's metrics.jsonl).
+
+    `stats`: a callable returning the proxy's router counters (e.g. `proxy_stats(url)`), polled
+    at each redraw. `notebook`: force the widget panel (True) or the text line (False).
+    Redraws come at most every `min_interval_s`, and drawing takes at most `max_busy` of the
+    time (a matplotlib redraw costs ~0.3 s of CPU that the trainer would rather have; None =
+    no such limit).
+    """
+
+    def __init__(self, *, stats: Callable[[], dict] | None = None, min_interval_s: float = 0.5,
+                 max_busy: float | None = 0.1, notebook: bool | None = None, stream=None,
+                 title: str = "GRPO pipeline"):
+        self.records: list[dict] = []
+        self.stats, self.min_interval_s, self.title = stats, min_interval_s, title
+        self.max_busy = max_busy
+        self.stream = stream or sys.stdout
+        self.notebook = in_notebook() if notebook is None else notebook
+        self.renders = 0
+        self._next_render = float("-inf")
+        self._pending = False
+        self._lock = threading.Lock()
+        self.widget = None
+        if self.notebook:
+            import ipywidgets as widgets
+            from IPython.display import display
+
+            self._text = widgets.HTML()
+            self._image = widgets.Image(format="png")
+            self.widget = widgets.VBox([self._text, self._image])
+            display(self.widget)
+
+    # -- feeding it ----------------------------------------------------------------------------
+    def update(self, record: dict) -> None:
+        """Add one step's metrics; redraw unless the last redraw is too recent."""
+        with self._lock:
+            self.records.append(dict(record))
+            self._pending = True
+        self.render()
+
+    __call__ = update
+
+    def follow(self, path: str | Path, *, until: Callable[[], bool] | None = None,
+               timeout_s: float | None = None, poll_s: float = 0.5, background: bool = False):
+        """Tail a metrics.jsonl (or a run folder holding one) until `until()` is true, the
+        timeout passes, or Ctrl-C / the notebook's interrupt. Returns how many records it read;
+        with `background=True` it returns at once a follower whose `.stop()` ends it (drawing
+        then happens off the caller's thread, e.g. off a trainer's)."""
+        if background:
+            return _Follower(self, path, until, timeout_s, poll_s)
+        return self._follow(path, until, timeout_s, poll_s)
+
+    def _follow(self, path, until, timeout_s, poll_s) -> int:
+        path = Path(path)
+        path = path / "metrics.jsonl" if path.is_dir() or not path.suffix else path
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        offset, partial, count = 0, b"", 0
+        try:
+            while True:
+                done = bool(until and until())  # decided before the read: no line is missed
+                if path.exists():
+                    with path.open("rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                        offset += len(chunk)
+                    *lines, partial = (partial + chunk).split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            self.update(json.loads(line))
+                            count += 1
+                if done or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            pass  # stop following, keep the picture
+        self.flush()
+        return count
+
+    # -- drawing -------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Redraw now if anything arrived since the last redraw."""
+        if self._pending:
+            self.render(force=True)
+
+    def render(self, force: bool = False) -> bool:
+        """Redraw (throttled unless `force`); returns whether it drew."""
+        start = time.monotonic()
+        if not force and start < self._next_render:
+            return False
+        with self._lock:
+            records, self._pending = list(self.records), False
+        router = self._router()
+        line = self.line(records, router)
+        if self.notebook:
+            self._text.value = f"<code>{html.escape(line)}</code>"
+            self._image.value = self._png(records, router)
+        else:
+            print(line, file=self.stream, flush=True)
+        self.renders += 1
+        spent = time.monotonic() - start
+        self._next_render = start + max(self.min_interval_s, spent / (self.max_busy or float("inf")))
+        return True
+
+    def _router(self) -> dict | str:
+        if self.stats is None:
+            return {}
+        try:
+            return _router_counters(self.stats())
+        except Exception as exc:  # the proxy may be down or not up yet: show it, keep going
+            return f"router stats unavailable ({type(exc).__name__})"
+
+    @staticmethod
+    def line(records: list[dict], router: dict | str | None = None) -> str:
+        """One status line: the latest step's pipeline numbers, the verdict, router counters."""
+        if not records:
+            return "waiting for the first step"
+        r = records[-1]
+
+        def get(key, fmt="{:.2f}"):
+            return fmt.format(r[key]) if key in r else "-"
+
+        parts = [f"step {r.get('step', len(records))}", f"reward {get('reward', '{:.3f}')}",
+                 f"ratio {get('ratio', '{:.4f}')}",
+                 f"staleness {get(STALE_MEAN, '{:.1f}')}/{get(STALE_MAX, '{:g}')}",
+                 f"queue {get(QUEUE, '{:g}')}/{get(QUEUE_MAX, '{:g}')}",
+                 f"wait {get(WAIT)}s", f"backpressure {get(BACKPRESSURE)}s",
+                 f"step {get(STEP)}s", f"sync {get(SYNC)}s"]
+        if INFLIGHT in r:
+            parts.append(f"in flight {get(INFLIGHT, '{:g}')}")
+        diagnosis = diagnose(records)
+        if diagnosis.bottleneck in ("trainer", "generation"):
+            parts.append(f"{diagnosis.bottleneck} too slow")
+        if isinstance(router, dict) and router:
+            parts.append("router " + " ".join(f"{k} {v}" for k, v in router.items()))
+        elif router:
+            parts.append(str(router))
+        return " | ".join(parts)
+
+    def figure(self, records: list[dict] | None = None, router: dict | str | None = None):
+        """The panel's picture as a matplotlib Figure (no pyplot: nothing shown twice)."""
+        from matplotlib.figure import Figure
+
+        records = self.records if records is None else records
+        fig = Figure(figsize=(14, 6), dpi=72)
+        top, bottom = fig.subfigures(2, 1, height_ratios=[1, 2])
+        ax_reward, ax_ratio, ax_router = top.subplots(1, 3)
+        xs, ys = series(records, "reward")
+        if xs:
+            ax_reward.plot(xs, ys, alpha=0.4, label="reward")
+            ax_reward.plot(xs, moving_average(ys), label="moving avg")
+            ax_reward.legend(fontsize=7)
+        ax_reward.set_title("reward", fontsize=9)
+        xs, ys = series(records, "ratio")
+        ax_ratio.plot(xs, ys)
+        ax_ratio.axhline(1.0, color="gray", lw=0.8, ls=":")
+        ax_ratio.set_title("ratio (pi_theta / pi_old)", fontsize=9)
+        counters = router if isinstance(router, dict) else {}
+        kinds = [k for k in ("affinity", "spilled", "unmatched") if k in counters]
+        ax_router.bar(kinds, [counters[k] for k in kinds], color=["C2", "C1", "C3"][: len(kinds)])
+        routed = counters.get("routed")
+        ax_router.set_title("router" + (f" (routed {routed})" if routed is not None else
+                                        "" if counters else ": no stats"), fontsize=9)
+        for ax in (ax_reward, ax_ratio, ax_router):
+            ax.grid(alpha=0.3)
+        draw_pipeline(bottom, records)
+        fig.suptitle(self.title, fontsize=10)
+        return fig
+
+    def _png(self, records, router) -> bytes:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        fig = self.figure(records, router)
+        buffer = io.BytesIO()
+        FigureCanvasAgg(fig).print_png(buffer)
+        return buffer.getvalue()
+
+
+class _Follower:
+    """`Dashboard.follow(..., background=True)`: the tail loop in a daemon thread."""
+
+    def __init__(self, dashboard: Dashboard, path, until, timeout_s, poll_s):
+        self._stop, self.poll_s = threading.Event(), poll_s
+        self.thread = threading.Thread(
+            target=dashboard._follow, daemon=True, name="dashboard-follow",
+            args=(path, lambda: self._stop.is_set() or bool(until and until()), timeout_s, poll_s))
+        self.thread.start()
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self) -> None:
+        """Read what is left, draw it, and end the thread."""
+        self._stop.set()
+        self.thread.join(timeout=self.poll_s + 30)

@@ -1,0 +1,242 @@
+"""Broadcast state-changing requests to every replica; adapter loads are all-or-nothing.
+
+The proxy (grpo_lab.proxy.app) presents several replicas as one server, so a request that changes
+a server's state (pause, resume, adapter load and unload) must reach all of them, and a LoRA
+adapter name must never exist on only part of the fleet: a rollout routed to a replica without
+it would fail with 404, or worse, a stale copy would serve it (docs/recipe.md, "The proxy").
+
+Rules of `load_everywhere`, one replica at a time, all replicas at once:
+- 2xx: accepted. 400 "has already been loaded": it was there before this call; left as it is.
+- 404 "No adapter found": its bucket mount has not seen the directory yet. Retry every
+  `retry_s` until the deadline (`timeout_s` after the call began).
+- Anything else (an HTTP error, a refused or dropped connection) fails the load: the other
+  replicas stop retrying, and every replica that accepted it, or whose answer was lost, is
+  asked to unload it again (the rollback). The caller gets the failing replica's status.
+- The deadline passes: the same rollback, then 504 (never 404, which TRL reads as "runtime
+  LoRA updating is disabled").
+The fleet ends as it was before the call, or with the adapter on every replica.
+
+A replica is reached through `send(replica, path, body, timeout_s) -> (status, text)`, which
+raises `UpstreamError` when no HTTP answer came back; so these rules are tested without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+NOT_VISIBLE = "No adapter found"  # vLLM's 404 for a directory its mount has not seen yet
+ALREADY_LOADED = "has already been loaded"
+ROLLBACK_ATTEMPTS = 3  # unload tries per replica before a rollback failure is reported
+
+
+class UpstreamError(Exception):
+    """No usable HTTP answer from a replica: `status` is what the proxy answers (502, 503, 504)."""
+
+    def __init__(self, status: int, message: str, kind: str):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+Send = Callable[[str, str, dict, float], Awaitable[tuple[int, str]]]
+
+
+def error_json(message: str, status: int, err_type: str | None = None) -> dict:
+    """vLLM's error body."""
+    err_type = err_type or {400: "BadRequestError", 404: "NotFoundError",
+                            502: "BadGatewayError", 503: "ServiceUnavailableError",
+                            504: "GatewayTimeoutError"}.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+
+
+def upstream_message(text: str) -> str:
+    """The `message` of a vLLM error body, else the text itself (shortened)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail"))
+        if isinstance(err, dict):
+            return str(err.get("message", text))[:300]
+        if err is not None:
+            return str(err)[:300]
+    return text[:300]
+
+
+@dataclass
+class BroadcastResult:
+    """What the proxy answers, and what happened on each replica."""
+
+    status: int
+    body: str | dict  # text is relayed as it came (vLLM's plain-text success), dicts as JSON
+    per_replica: dict[str, str] = field(default_factory=dict)
+    retries: int = 0  # "No adapter found" answers that were retried
+    rolled_back: list[str] = field(default_factory=list)  # unloaded again after a failed load
+    rollback_failed: list[str] = field(default_factory=list)  # may still hold the adapter
+    timed_out: bool = False
+
+
+async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, retry_s: float,
+                          timeout_s: float, unload_timeout_s: float = 30.0) -> BroadcastResult:
+    """Load an adapter on every replica or on none (the rules are in the module docstring)."""
+    name = body["lora_name"]
+    deadline = time.monotonic() + timeout_s
+    failed = asyncio.Event()  # set by the first hard failure: the others stop retrying
+    retries = 0
+
+    async def one(replica: str) -> tuple[str, int, str]:
+        """-> (state, status, text); state: ok, present, failed, lost, timeout or aborted."""
+        nonlocal retries
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout", 504, f"still '{NOT_VISIBLE}' at the deadline"
+            try:
+                status, text = await send(replica, LOAD_PATH, body, remaining)
+            except UpstreamError as exc:  # the answer is lost: it may have loaded it or not
+                failed.set()  # its timeout was the time left: a timeout means the deadline
+                return ("timeout" if exc.kind == "timeout" else "lost"), exc.status, exc.message
+            if 200 <= status < 300:
+                return "ok", status, text
+            if status == 400 and ALREADY_LOADED in text:
+                return "present", status, text
+            if status == 404 and NOT_VISIBLE in text:  # its mount has not caught up: wait
+                retries += 1
+                wait = min(retry_s, deadline - time.monotonic())
+                if wait > 0:
+                    try:  # sleep, but wake at once if another replica failed for good
+                        await asyncio.wait_for(failed.wait(), wait)
+                    except TimeoutError:
+                        pass
+                if failed.is_set():
+                    return "aborted", status, text
+                continue
+            failed.set()
+            return "failed", status, text
+
+    outcomes = dict(zip(replicas, await asyncio.gather(*(one(r) for r in replicas))))
+    states = {r: state for r, (state, _, _) in outcomes.items()}
+    per_replica = {r: f"{state}: {upstream_message(text)}" if state != "ok" else "ok"
+                   for r, (state, _, text) in outcomes.items()}
+    if all(s in ("ok", "present") for s in states.values()):
+        if "ok" in states.values():
+            text = next(t for s, _, t in outcomes.values() if s == "ok")
+            return BroadcastResult(200, text, per_replica, retries)
+        _, status, text = next(iter(outcomes.values()))  # present everywhere: vLLM's 400
+        return BroadcastResult(status, _as_json(text, status), per_replica, retries)
+
+    # Roll back: unload wherever it may have been loaded by this call.
+    undo = [r for r, s in states.items() if s in ("ok", "lost", "timeout")]
+    rolled_back, rollback_failed = await _unload(send, undo, name, retry_s, unload_timeout_s)
+    rolled = f"; rolled back on {rolled_back}" if rolled_back else ""
+    stuck = (f"; ROLLBACK FAILED on {rollback_failed} (the adapter may still be loaded there)"
+             if rollback_failed else "")
+    hard = [(r, st, t) for r, (s, st, t) in outcomes.items() if s in ("failed", "lost")]
+    if hard:  # the first replica that failed for good names the status
+        replica, status, text = hard[0]
+        message = (f"loading adapter '{name}' failed on {replica}: {upstream_message(text)}"
+                   f"{rolled}{stuck}")
+        err_type = None
+        if status < 502:  # an HTTP answer: keep its status and type (400 stays 400, 500 stays 500)
+            err_type = _upstream_type(text)
+        return BroadcastResult(status, error_json(message, status, err_type), per_replica,
+                               retries, rolled_back, rollback_failed)
+    waiting = {r: text for r, (s, _, text) in outcomes.items() if s == "timeout"}
+    message = (f"adapter '{name}' was not loaded on every replica within {timeout_s} s "
+               f"(retried every {retry_s} s): {waiting}{rolled}{stuck}")
+    return BroadcastResult(504, error_json(message, 504), per_replica, retries, rolled_back,
+                           rollback_failed, timed_out=True)
+
+
+async def broadcast(send: Send, replicas: Sequence[str], path: str, body: dict | None,
+                    timeout_s: float) -> BroadcastResult:
+    """Send one request (pause, resume) to every replica at once. All 2xx, or the same status
+    everywhere (e.g. 404 when a route's gate is off): relay the first answer. Else 502."""
+
+    async def one(replica: str) -> tuple[int, str]:
+        try:
+            return await send(replica, path, body, timeout_s)
+        except UpstreamError as exc:
+            return -exc.status, exc.message  # negative: no HTTP answer came back
+
+    answers = dict(zip(replicas, await asyncio.gather(*(one(r) for r in replicas))))
+    per_replica = {r: f"{abs(st)} {upstream_message(text)}" for r, (st, text) in answers.items()}
+    statuses = {st for st, _ in answers.values()}
+    status, text = next(iter(answers.values()))
+    if all(200 <= st < 300 for st in statuses) or (len(statuses) == 1 and status > 0):
+        return BroadcastResult(status, text, per_replica)
+    bad = {r: why for r, why in per_replica.items() if not 200 <= answers[r][0] < 300}
+    message = f"{path} failed on {len(bad)} of {len(answers)} replicas: {bad}"
+    return BroadcastResult(502, error_json(message, 502), per_replica)
+
+
+async def unload_everywhere(send: Send, replicas: Sequence[str], body: dict, *,
+                            retry_s: float, timeout_s: float = 30.0) -> BroadcastResult:
+    """Unload an adapter from every replica. 404 on some replicas is fine (already gone there);
+    404 on all is relayed (unknown name); other failures are retried, then reported (502)."""
+    name = body["lora_name"]
+    removed, failed = await _unload(send, list(replicas), name, retry_s, timeout_s, keep=True)
+    per_replica = {r: "removed" if r in removed else "absent" for r in replicas}
+    per_replica.update({r: f"failed: {why}" for r, why in failed.items()})
+    if failed:
+        replica, why = next(iter(failed.items()))
+        message = (f"unloading adapter '{name}' failed on {replica}: {why} (removed on "
+                   f"{removed}); the name may still be loaded there, retry the unload")
+        return BroadcastResult(502, error_json(message, 502), per_replica)
+    if not removed:
+        message = f"The lora adapter '{name}' cannot be found."
+        return BroadcastResult(404, error_json(message, 404, "NotFoundError"), per_replica)
+    return BroadcastResult(200, f"Success: LoRA adapter '{name}' removed successfully.",
+                           per_replica)
+
+
+async def _unload(send: Send, replicas: list[str], name: str, retry_s: float, timeout_s: float,
+                  keep: bool = False):
+    """Unload `name` on each replica, retrying failures a few times. Returns (removed, failed):
+    the replicas that answered 2xx, and {replica: reason} (a list of names unless `keep`)."""
+
+    async def one(replica: str) -> tuple[str, str]:
+        why = ""
+        for attempt in range(ROLLBACK_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(retry_s)
+            try:
+                status, text = await send(replica, UNLOAD_PATH, {"lora_name": name}, timeout_s)
+            except UpstreamError as exc:
+                why = exc.message
+                continue
+            if 200 <= status < 300:
+                return "removed", ""
+            if status == 404:
+                return "absent", ""
+            why = f"{status} {upstream_message(text)}"
+            if 400 <= status < 500:
+                break  # a 4xx will not change on a retry
+        return "failed", why
+
+    results = dict(zip(replicas, await asyncio.gather(*(one(r) for r in replicas))))
+    removed = [r for r, (state, _) in results.items() if state == "removed"]
+    failed = {r: why for r, (state, why) in results.items() if state == "failed"}
+    return removed, (failed if keep else list(failed))
+
+
+def _as_json(text: str, status: int) -> dict:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    return data if isinstance(data, dict) else error_json(text[:300], status)
+
+
+def _upstream_type(text: str) -> str | None:
+    try:
+        err = json.loads(text).get("error")
+        return err.get("type") if isinstance(err, dict) else None
+    except (ValueError, AttributeError):
+        return None

@@ -1,0 +1,193 @@
+"""The proxy's completion routes (grpo_lab.proxy.app): each prompt to one replica, answers merged.
+
+    POST /v1/completions, /v1/chat/completions
+        1. parse    the body, and each prompt's routing key (grpo_lab.proxy.prompt_keys): its token ids
+        2. route    each prompt on its key (grpo_lab.proxy.router); a batch is split across replicas
+        3. send     each replica its share; a refused connection takes the replica out and its
+                    share is routed again
+        4. merge    the choices back in prompt order, `index` renumbered, usage summed; the
+                    answer names the replica(s) in `X-Proxy-Upstream`
+
+A streamed request goes whole to the replica of its first prompt, and its bytes pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from aiohttp import web
+
+from .broadcast import UpstreamError
+from .config import ProxyConfig
+from .prompt_keys import BadRequest, routing_keys
+from .replicas import transport_error
+from .router import NoReplicaAvailable, PrefixRouter
+
+
+def _looks_like_json_object(data: bytes) -> bool:
+    """A cheap check of a relayed body (parsing every completion would cost more than routing)."""
+    return data[:1] == b"{" and data.rstrip()[-1:] == b"}"
+
+
+class ProxyCompletions:
+    """The completion half of `Proxy` (a mixin): `_call` and `_mark_down` come from
+    `ProxyReplicas`, `_error`, `_upstream_error` and `_no_replica` from `Proxy`."""
+
+    config: ProxyConfig
+    replicas: list[str]
+    router: PrefixRouter
+    counters: dict
+    tokenizer: object | None  # for text and chat prompts; None = UTF-8 pseudo-tokens
+    _session: aiohttp.ClientSession | None  # streamed completions
+
+    def _relay(self, status: int, data: bytes, ctype: str, replica: str) -> web.Response:
+        if not _looks_like_json_object(data):
+            return self._error(502, f"replica {replica} answered {status} with a body that is "
+                               f"not a JSON object: {data[:100]!r}", "garbage", replica)
+        return web.Response(body=data, status=status,
+                            headers={"Content-Type": ctype, "X-Proxy-Upstream": replica})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.counters["completion_calls"] += 1
+        try:
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                raise BadRequest(f"Invalid JSON body: {exc}") from None
+            if not isinstance(body, dict):
+                raise BadRequest(f"The request body must be a JSON object, got "
+                                 f"{type(body).__name__}.")
+            model = body.get("model") or ""
+            if not isinstance(model, str):
+                raise BadRequest("'model' must be a string.", "model")
+            prompts, keys = routing_keys(body, request.path == "/v1/chat/completions",
+                                         self.tokenizer)
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(413, f"The request body is larger than the proxy's limit of "
+                               f"{self.config.max_request_bytes} bytes.", "bad_request")
+        except BadRequest as exc:
+            return self._error(exc.status, exc.message, "bad_request", param=exc.param)
+        if body.get("stream"):
+            return await self._stream(request, raw, keys[0], model)
+        return await self._dispatch(request.path, body, raw, prompts, keys, model)
+
+    async def _dispatch(self, path, body, raw, prompts, keys, model) -> web.Response:
+        """Route every prompt, send each replica its share, merge. A replica that refuses the
+        connection is marked down and its share routed again."""
+        pending = list(range(len(keys)))
+        results: dict[int, tuple] = {}  # prompt -> (replica, sub-answer, place in it, its size)
+        for _attempt in range(len(self.replicas)):
+            groups: dict[str, list[int]] = {}
+            try:
+                for i in pending:
+                    groups.setdefault(self.router.route(keys[i], model).replica, []).append(i)
+            except NoReplicaAvailable:
+                for replica, idxs in groups.items():
+                    for _ in idxs:
+                        self.router.finish(replica)
+                return self._no_replica()
+            whole = len(groups) == 1 and len(pending) == len(keys)
+            if len(groups) == 1:  # the usual case (one prompt): no gather, one task less
+                outcomes = [await self._send_share(path, body, raw if whole else None, prompts,
+                                                   *next(iter(groups.items())))]
+            else:
+                outcomes = await asyncio.gather(*(
+                    self._send_share(path, body, None, prompts, r, idxs)
+                    for r, idxs in groups.items()))
+            if whole and isinstance(outcomes[0], web.Response):
+                return outcomes[0]  # one replica took it all: its answer as it came
+            retry, failures = [], []
+            for (replica, idxs), out in zip(groups.items(), outcomes):
+                if isinstance(out, UpstreamError) and out.kind == "connect":
+                    self._mark_down(replica, out.message)
+                    retry += idxs
+                elif isinstance(out, dict):
+                    results.update((i, (replica, out, pos, len(idxs)))
+                                   for pos, i in enumerate(idxs))
+                else:
+                    failures.append((idxs[0], replica, out))
+            if failures:  # the failure of the earliest prompt is the answer (as one server)
+                _, replica, out = min(failures, key=lambda f: f[0])
+                return out if isinstance(out, web.Response) else self._upstream_error(out, replica)
+            if not retry:
+                break
+            self.counters["rerouted"] += len(retry)
+            pending = sorted(retry)
+        else:
+            return self._no_replica()
+        return self._merge(prompts, results)
+
+    async def _send_share(self, path, body, raw, prompts, replica, idxs):
+        """One replica's share of the prompts -> its parsed answer (dict), a finished response
+        (a relayed error, or the whole answer when `raw` is the original body), or an error."""
+        data = raw if raw is not None else json.dumps(
+            {**body, "prompt": [prompts[i] for i in idxs]}).encode()
+        try:
+            status, reply, ctype = await self._call(replica, path, data)
+        except UpstreamError as exc:
+            return exc
+        finally:
+            for _ in idxs:
+                self.router.finish(replica)
+        if raw is not None or not 200 <= status < 300:
+            return self._relay(status, reply, ctype, replica)
+        try:
+            answer = json.loads(reply)
+            choices = answer["choices"]
+            if len(choices) % len(idxs):
+                raise ValueError(f"{len(choices)} choices for {len(idxs)} prompts")
+            choices.sort(key=lambda c: c["index"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._error(502, f"replica {replica} answered {status} with a body that is "
+                               f"not a JSON completion ({exc}): {reply[:100]!r}", "garbage",
+                               replica)
+        return answer
+
+    def _merge(self, prompts, results) -> web.Response:
+        """One answer from the sub-answers: choices in prompt order, `index` renumbered."""
+        self.counters["split_batches"] += 1
+        choices, usage, replicas, seen = [], {}, [], set()
+        for i in range(len(prompts)):
+            replica, answer, pos, share = results[i]
+            if id(answer) not in seen:  # count each sub-answer's usage once
+                seen.add(id(answer))
+                replicas.append(replica)
+                for key, value in (answer.get("usage") or {}).items():
+                    if isinstance(value, int):
+                        usage[key] = usage.get(key, 0) + value
+            per = len(answer["choices"]) // share  # n choices per prompt, prompt-major
+            for choice in answer["choices"][pos * per: (pos + 1) * per]:
+                choices.append({**choice, "index": len(choices)})
+        first = results[0][1]
+        merged = {**first, "choices": choices, "usage": usage or first.get("usage")}
+        return web.json_response(merged, headers={"X-Proxy-Upstream": ",".join(replicas)})
+
+    async def _stream(self, request, raw, key, model) -> web.StreamResponse:
+        """A streamed request goes to one replica (routed on its first prompt); bytes pass through."""
+        try:
+            replica = self.router.route(key, model).replica
+        except NoReplicaAvailable:
+            return self._no_replica()
+        out = None
+        try:
+            async with self._session.post(replica + request.path, data=raw) as reply:
+                out = web.StreamResponse(status=reply.status, headers={
+                    "Content-Type": reply.headers.get("Content-Type", "text/event-stream"),
+                    "X-Proxy-Upstream": replica})
+                await out.prepare(request)
+                async for chunk in reply.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+        except (aiohttp.ClientError, OSError) as exc:
+            err = transport_error(replica, exc, self.config.request_timeout_s)
+            if err.kind == "connect":
+                self._mark_down(replica, err.message)
+            if out is None:
+                return self._upstream_error(err, replica)
+            return out  # already streaming: the client sees the stream end early
+        finally:
+            self.router.finish(replica)

@@ -1,0 +1,76 @@
+"""The settings of `grpo-lab proxy` (grpo_lab.proxy.app): one dataclass, a docstring under each
+field (the CLI's help, see grpo_lab.cli.flags), checked when it is built so that a bad flag fails
+before anything listens."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProxyConfig:
+    """Flags of `grpo-lab proxy` (the reference proxy's UPSTREAM_URLS and PROXY_* settings)."""
+
+    upstreams: list[str] = field(default_factory=list)
+    """Base URLs of the replicas, e.g. http://10.0.0.2:8000 (`--upstream URL`, once per replica)."""
+    host: str = "127.0.0.1"
+    """Interface to bind (127.0.0.1 = this machine only: the trainer runs next to the proxy)."""
+    port: int = 8000
+    """TCP port (0 = any free port; the chosen one is printed)."""
+    upstream_token_env: str | None = None
+    """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
+    (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
+    block_size: int = 16
+    """Tokens per KV block, as the servers' (vLLM: 16)."""
+    imbalance: int = 8
+    """In-flight requests the preferred replica may be ahead of the least-loaded one."""
+    max_tracked_blocks: int = 500_000
+    """Cap on the router's block table (least recently used blocks are forgotten)."""
+    tokenizer: str | None = None
+    """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8 pseudo-tokens."""
+    lora_retry_s: float = 2.0
+    """Seconds between retries of a replica that answers 'No adapter found' to a load."""
+    lora_load_timeout_s: float = 300.0
+    """Deadline of a broadcast load; past it the load is rolled back and answered 504."""
+    conn_limit: int = 1024
+    """Most open connections to the replicas for completions (all replicas together)."""
+    request_timeout_s: float = 1800.0
+    """Longest wait for a completion's answer before 504."""
+    connect_timeout_s: float = 5.0
+    """Longest wait to open a connection to a replica."""
+    control_timeout_s: float = 60.0
+    """Longest wait for /pause, /resume, /server_info, /v1/models and unloads."""
+    health_interval_s: float = 1.0
+    """Seconds between health probes of every replica."""
+    health_timeout_s: float = 5.0
+    """A health probe without an answer after this long counts as a failure."""
+    health_failures: int = 2
+    """Failed probes in a row that take a replica out of routing."""
+    stats_every_s: float = 60.0
+    """Print the routing counters every S seconds (0 = never)."""
+    max_request_bytes: int = 16 * 2**20
+    """Largest request body accepted (413 above)."""
+
+    def __post_init__(self):
+        self.upstreams = [u.rstrip("/") for u in self.upstreams]
+        problems = []
+        if not self.upstreams:
+            problems.append("need at least one --upstream URL")
+        for url in self.upstreams:
+            if not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
+                problems.append(f"upstream {url!r} is not an http(s):// URL")
+        if len(set(self.upstreams)) != len(self.upstreams):
+            problems.append(f"upstreams must be distinct, got {self.upstreams}")
+        for name in ("lora_retry_s", "lora_load_timeout_s", "request_timeout_s",
+                     "connect_timeout_s", "control_timeout_s", "health_interval_s",
+                     "health_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
+        for name in ("conn_limit", "health_failures", "max_request_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0 <= self.port < 65536:
+            problems.append(f"port must be in 0..65535 (got {self.port})")
+        if problems:
+            raise ValueError("invalid ProxyConfig: " + "; ".join(problems))

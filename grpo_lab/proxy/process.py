@@ -1,0 +1,35 @@
+"""Start `grpo-lab proxy` (grpo_lab.proxy.app) as a separate process and stop it again, from Python.
+
+Notebooks, tests and benchmarks start the proxy through `start_proxy_process`, as they start
+servers through grpo_lab.serving.process: it waits until the proxy says it is ready and answers
+/proxy/stats, and `stop()` (or leaving the `with` block) ends exactly the process group it started.
+
+    with start_proxy_process([replica_a.url, replica_b.url], lora_retry_s=0.5) as proxy:
+        print(proxy.url)             # http://127.0.0.1:40217
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..serving.process import ServerProcess, spawn_until_ready
+
+READY_MARKER = "GRPO_LAB_PROXY_READY"
+
+
+def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: int = 0,
+                        env: dict | None = None, log_path: str | os.PathLike | None = None,
+                        startup_timeout_s: float = 60.0, **flags) -> ServerProcess:
+    """Start `grpo-lab proxy --upstream URL ...` in its own process group; returns a handle with
+    `.url` and `.stop()` (also a context manager). `flags` are ProxyConfig fields
+    (`lora_retry_s=0.5` -> `--lora-retry-s 0.5`). Pass tokens through `env`, never argv."""
+    args = [sys.executable, "-m", "grpo_lab.cli", "proxy", "--host", host, "--port", str(port)]
+    for url in upstreams:
+        args += ["--upstream", url]
+    for name, value in flags.items():
+        if value is not None:
+            args += ["--" + name.replace("_", "-"), str(value)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return spawn_until_ready(args, env, ready_marker=READY_MARKER, ready_path="/proxy/stats",
+                             what="proxy", log_path=log_path, startup_timeout_s=startup_timeout_s)

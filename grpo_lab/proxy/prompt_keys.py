@@ -1,0 +1,86 @@
+"""What the proxy routes on: the token ids of each prompt in a completion request.
+
+The router (grpo_lab.proxy.router) needs token ids, and requests carry them in one of vLLM's prompt
+forms: a list of ids, a list of id lists (a batch), a string, a list of strings, or chat
+messages. Ids are used as they are. Text is tokenized with the proxy's `--tokenizer` when one
+is given (with the chat template for messages); without one, the proxy routes on pseudo-tokens:
+the UTF-8 bytes (chat: the messages as sorted JSON) cut into 4-byte chunks, about one token
+each in English text. Pseudo-blocks do not line up with the server's KV blocks, but prompts that
+share a long prefix share their leading pseudo-blocks, and that is what affinity needs.
+
+A body that no replica could ever accept (no prompt, an empty one, a wrong type) raises
+`BadRequest` with vLLM's message, so the proxy answers 400 at once without a round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+
+TEXT_BYTES_PER_TOKEN = 4  # pseudo-tokens of text prompts: 4 UTF-8 bytes each
+
+
+class BadRequest(Exception):
+    """A request no replica would accept: the proxy answers `status` (400) with vLLM's body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+
+def pseudo_tokens(text: str) -> list[int]:
+    """Text as routing keys without a tokenizer: one int per 4 UTF-8 bytes (a partial tail is
+    dropped, as a partial KV block would be)."""
+    data = text.encode()
+    return memoryview(data)[: len(data) - len(data) % TEXT_BYTES_PER_TOKEN].cast("I").tolist()
+
+
+def _is_ids(value) -> bool:
+    """A non-empty list of (64-bit) ints; the check runs at C speed (array refuses the rest)."""
+    if type(value) is not list or not value:
+        return False
+    try:
+        array("q", value)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def prompt_list(prompt) -> list[str | list[int]]:
+    """vLLM's prompt forms as a list: a string, a list of strings, a list of token ids, or a list
+    of token-id lists. Anything else is a 400 that no replica would accept either."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if _is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(v, str) for v in prompt) or all(_is_ids(v) for v in prompt):
+            return list(prompt)
+    if prompt == []:
+        raise BadRequest("Prompt cannot be empty.", "prompt")
+    raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list "
+                     f"of token-id lists (non-empty), got {type(prompt).__name__}.", "prompt")
+
+
+def routing_keys(body: dict, chat: bool, tokenizer=None) -> tuple[list, list[list[int]]]:
+    """-> (the prompts, the token ids to route each one on)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("Field required: 'messages' (a non-empty list).", "messages")
+        if tokenizer is not None:
+            try:
+                ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=(
+                    body.get("add_generation_prompt", True)))
+                return [messages], [list(ids["input_ids"] if hasattr(ids, "keys") else ids)]
+            except Exception:  # the replica will judge the messages; route on their bytes
+                pass
+        return [messages], [pseudo_tokens(json.dumps(messages, sort_keys=True))]
+    if "prompt" not in body:
+        raise BadRequest("Field required: 'prompt'.", "prompt")
+    prompts = prompt_list(body["prompt"])
+    if tokenizer is None:
+        return prompts, [p if isinstance(p, list) else pseudo_tokens(p) for p in prompts]
+    special = body.get("add_special_tokens", True) is not False
+    return prompts, [p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=special)
+                     for p in prompts]

@@ -1,0 +1,310 @@
+"""KV-prefix affinity routing: send each completion to the replica that already caches its prompt.
+
+vLLM caches the KV of full 16-token blocks, keyed by a chain of hashes seeded with the adapter
+name (docs/serving-api.md, "Prefix-cache hashing"). This module imitates that chain to remember
+which replica served which prefix, and routes a new prompt to the replica holding the longest
+prompt-specific prefix, unless that replica is too busy (docs/recipe.md, "The proxy").
+
+It is pure bookkeeping, no I/O: the proxy calls `route` before forwarding a request and `finish`
+when the response ends, so every rule can be unit tested and replayed (`grpo_lab.proxy.routing_replay`).
+
+Logged metrics (`PrefixRouter.stats()`):
+- `routed`: requests sent to each replica, in the order of `replicas`.
+- `affinity`: requests sent to the replica with the longest prompt-specific cached prefix.
+- `cached_everywhere`: the part of `affinity` whose prompt every up replica already cached (it
+  spilled earlier), so the least-loaded one took it. The reference proxy calls these unmatched;
+  `unmatched_reference_pct` counts them that way, to compare with its logs.
+- `spilled`: requests that had such a replica but went to the least loaded one, because the
+  preferred replica was more than `imbalance` in-flight requests ahead of it.
+- `unmatched`: requests whose prompt-specific blocks no replica had seen; least loaded wins.
+  With G rollouts per prompt at least 1 in G requests is cold: the floor is 1/G.
+- `inflight`: requests routed to each replica and not yet finished.
+- `tracked_blocks`, `evicted`: size of the LRU block table and how many blocks it dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+RouteKind = Literal["affinity", "spill", "unmatched"]
+
+_SEED_DOMAIN = b"grpo_lab/prefix-cache-seed\x00"
+_DIGEST_SIZE = 8  # 64-bit hashes: collisions are negligible at 500,000 tracked blocks
+
+
+@dataclass
+class RouterConfig:
+    """Knobs of the prefix router (the reference proxy's `PROXY_*` settings)."""
+
+    block_size: int = 16
+    """Tokens per KV block; must match the server's block size (vLLM: 16). Only full blocks count."""
+    imbalance: int = 8
+    """How many in-flight requests the preferred replica may be ahead of the least-loaded one
+    before a request spills to the least-loaded replica instead."""
+    max_tracked_blocks: int = 500_000
+    """Cap on the block table; the least recently used blocks are forgotten beyond it."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.imbalance < 0:
+            raise ValueError(f"imbalance must be >= 0, got {self.imbalance}")
+        if self.max_tracked_blocks < 1:
+            raise ValueError(f"max_tracked_blocks must be >= 1, got {self.max_tracked_blocks}")
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Where one request went and why."""
+
+    replica: str
+    """Name of the chosen replica."""
+    kind: RouteKind
+    """"affinity", "spill" or "unmatched" (see the module docstring)."""
+    specific_match_blocks: int
+    """Longest prompt-specific cached prefix any up replica had (0 when unmatched); for a spill,
+    that of the replica it did not go to."""
+    common_prefix_blocks: int
+    """Leading blocks that were common (shared template, or cached everywhere)."""
+    prompt_blocks: int
+    """Full blocks in the prompt (a trailing partial block is ignored)."""
+    cached_everywhere: bool = False
+    """Every up replica cached the prompt past its shared template, so no replica had a
+    specific match and the least-loaded one got it as a cache hit (kind "affinity")."""
+
+
+class NoReplicaAvailable(RuntimeError):
+    """Raised by `route` when every replica is marked down."""
+
+
+class _Block:
+    """One tracked block: who served it and which blocks followed it (at most two kept)."""
+
+    __slots__ = ("owners", "successors")
+
+    def __init__(self) -> None:
+        self.owners = 0  # bitmask over replica indices
+        self.successors: tuple[int, ...] = ()  # up to 2 distinct: 2 already means "branch point"
+
+
+class PrefixRouter:
+    """Routes prompts to replicas by KV-prefix affinity, with a load guard and an LRU block table."""
+
+    def __init__(self, replicas: Sequence[str] | int, config: RouterConfig | None = None):
+        if isinstance(replicas, int):
+            if replicas < 1:
+                raise ValueError(f"need at least one replica, got {replicas}")
+            replicas = [f"replica-{i}" for i in range(replicas)]
+        self.replicas: list[str] = list(replicas)
+        if not self.replicas:
+            raise ValueError("need at least one replica")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"replica names must be distinct, got {self.replicas}")
+        self.config = config or RouterConfig()
+        n = len(self.replicas)
+        self._table: OrderedDict[int, _Block] = OrderedDict()  # hash -> block, oldest first
+        self._up = [True] * n
+        self._inflight = [0] * n
+        self._routed = [0] * n
+        self._kinds = {"affinity": 0, "spill": 0, "unmatched": 0}
+        self._evicted = 0
+        self._everywhere = 0  # affinity requests whose prompt every up replica cached
+        self._rr = 0  # where ties between equally loaded replicas start looking
+
+    # ---- hashing -------------------------------------------------------------------------------
+
+    def block_hashes(self, token_ids: Sequence[int], adapter_name: str) -> list[int]:
+        """Chained hashes of the prompt's full blocks: h1 = H(seed, b1), h2 = H(h1, b2), ...
+
+        The seed is derived from the adapter name, so the same tokens under `policy-v3` and
+        `policy-v4` share no hash (vLLM keeps the adapter in every block's extra keys).
+        """
+        bs = self.config.block_size
+        n_blocks = len(token_ids) // bs  # the last partial block is never cached
+        data = array("q", token_ids[: n_blocks * bs]).tobytes()  # 8 bytes per token id
+        step = bs * 8
+        seed = _SEED_DOMAIN + adapter_name.encode()
+        prev_digest = hashlib.blake2b(seed, digest_size=_DIGEST_SIZE).digest()  # h0 = seed(adapter)
+        hashes = []
+        for i in range(n_blocks):
+            # h_i names the whole prefix up to block i: it hashes h_{i-1} with block i's tokens
+            prev_digest = hashlib.blake2b(
+                prev_digest + data[i * step : (i + 1) * step], digest_size=_DIGEST_SIZE
+            ).digest()
+            hashes.append(int.from_bytes(prev_digest, "little"))
+        return hashes
+
+    # ---- routing -------------------------------------------------------------------------------
+
+    def route(self, token_ids: Sequence[int], adapter_name: str) -> RouteDecision:
+        """Choose a replica for one prompt, record it as an owner of the prompt's blocks, and
+        count the request as in flight there (call `finish` when its response ends)."""
+        up = [i for i, ok in enumerate(self._up) if ok]
+        if not up:
+            raise NoReplicaAvailable(f"all replicas are marked down: {self.replicas}")
+        up_mask = sum(1 << i for i in up)
+        hashes = self.block_hashes(token_ids, adapter_name)
+        blocks = [self._table.get(h) for h in hashes]
+
+        # Stage 1: the common prefix. A block is common if it has more than one successor (this
+        # prompt's next block counts): a shared template; or if every up replica served it.
+        # Hashes are chained, so every block before a common block is common too (a template
+        # longer than one block branches only at its last block). Common blocks say nothing
+        # about placement. `branch` counts the template part only.
+        common = branch = 0
+        for i, block in enumerate(blocks):
+            if block is None:
+                break
+            successors = set(block.successors)
+            if i + 1 < len(hashes):
+                successors.add(hashes[i + 1])
+            if len(successors) > 1:
+                common = branch = i + 1
+            elif block.owners & up_mask == up_mask:
+                common = i + 1
+
+        # Stage 2: each replica's leading matched blocks, minus the common prefix = specific match
+        matched = {}
+        for r in up:
+            m = 0
+            for block in blocks:
+                if block is None or not block.owners >> r & 1:
+                    break
+                m += 1
+            matched[r] = m
+        specific = {r: max(0, m - common) for r, m in matched.items()}
+        best_match = max(specific.values())
+
+        # Stage 3: affinity if the best replica is not too far ahead in load, else spill
+        everywhere = False
+        if best_match > 0:
+            best = self._least_loaded([r for r in up if specific[r] == best_match])
+            least_load = min(self._inflight[r] for r in up)
+            if self._inflight[best] - least_load <= self.config.imbalance:
+                pick, kind = best, "affinity"
+            else:
+                pick, kind = self._least_loaded(up), "spill"
+        else:
+            # Nobody has a specific match: least loaded. If every up replica caches this prompt
+            # past its template (it spilled earlier), the pick is a cache hit all the same: count
+            # it as affinity, flagged, where the reference proxy counts it as unmatched.
+            pick = self._least_loaded(up)
+            everywhere = min(matched.values()) > branch
+            kind = "affinity" if everywhere else "unmatched"
+
+        # Stage 4: bookkeeping. The pick now caches every block of the prompt.
+        self._record(hashes, pick)
+        self._rr = (pick + 1) % len(self.replicas)  # round-robin pointer: after the last pick
+        self._inflight[pick] += 1
+        self._routed[pick] += 1
+        self._kinds[kind] += 1
+        self._everywhere += everywhere
+        return RouteDecision(self.replicas[pick], kind, best_match, common, len(hashes), everywhere)
+
+    def route_batch(
+        self, prompts: Sequence[Sequence[int]], adapter_name: str
+    ) -> list[RouteDecision]:
+        """Route each prompt of a batched request on its own (the reference proxy used only the
+        first prompt, which sends a batch of unrelated prompts to one replica)."""
+        return [self.route(token_ids, adapter_name) for token_ids in prompts]
+
+    def finish(self, replica: str | int) -> None:
+        """A response from `replica` ended (success or error): one fewer request in flight."""
+        r = self._index(replica)
+        if self._inflight[r] == 0:
+            raise ValueError(f"finish({self.replicas[r]!r}) with no request in flight there")
+        self._inflight[r] -= 1
+
+    def mark_down(self, replica: str | int, forget: bool = True) -> None:
+        """Never route to `replica` until `mark_up`. With `forget`, drop it from every block's
+        owners too: a replica that died restarts with an empty prefix cache."""
+        r = self._index(replica)
+        self._up[r] = False
+        if forget:
+            keep = ~(1 << r)
+            for block in self._table.values():
+                block.owners &= keep
+
+    def mark_up(self, replica: str | int) -> None:
+        """Route to `replica` again."""
+        self._up[self._index(replica)] = True
+
+    def stats(self) -> dict:
+        """Counters for logs and dashboards (see the module docstring for each key)."""
+        total = sum(self._routed)
+
+        def pct(count: int) -> float:
+            return round(100.0 * count / total, 2) if total else 0.0
+
+        return {
+            "replicas": list(self.replicas),
+            "up": list(self._up),
+            "requests": total,
+            "routed": list(self._routed),
+            "inflight": list(self._inflight),
+            "affinity": self._kinds["affinity"],
+            "spilled": self._kinds["spill"],
+            "unmatched": self._kinds["unmatched"],
+            "affinity_pct": pct(self._kinds["affinity"]),
+            "spill_pct": pct(self._kinds["spill"]),
+            "unmatched_pct": pct(self._kinds["unmatched"]),
+            "cached_everywhere": self._everywhere,
+            # the reference proxy labels cached-everywhere requests unmatched
+            "unmatched_reference_pct": pct(self._kinds["unmatched"] + self._everywhere),
+            "tracked_blocks": len(self._table),
+            "evicted": self._evicted,
+        }
+
+    def summary(self) -> str:
+        """One log line in the reference proxy's shape: `routed [..] affinity .. spilled ..`."""
+        s = self.stats()
+        return (
+            f"routed {s['routed']} affinity {s['affinity']} spilled {s['spilled']} "
+            f"unmatched {s['unmatched']} inflight {s['inflight']} tracked {s['tracked_blocks']}"
+        )
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _index(self, replica: str | int) -> int:
+        if isinstance(replica, int):
+            if not 0 <= replica < len(self.replicas):
+                raise KeyError(f"no replica with index {replica}")
+            return replica
+        try:
+            return self.replicas.index(replica)
+        except ValueError:
+            raise KeyError(f"unknown replica {replica!r}; known: {self.replicas}") from None
+
+    def _least_loaded(self, candidates: list[int]) -> int:
+        """Fewest requests in flight among `candidates`; ties go round robin: to the first one
+        after the last replica picked, so equally loaded replicas take turns."""
+        least = min(self._inflight[r] for r in candidates)
+        n = len(self.replicas)
+        for k in range(n):
+            r = (self._rr + k) % n
+            if r in candidates and self._inflight[r] == least:
+                return r
+        raise AssertionError("unreachable: some candidate has the least load")
+
+    def _record(self, hashes: list[int], pick: int) -> None:
+        """Mark `pick` as an owner of every block and link each block to its successor (LRU)."""
+        table = self._table
+        for i, h in enumerate(hashes):
+            block = table.get(h)
+            if block is None:
+                block = table[h] = _Block()
+            else:
+                table.move_to_end(h)  # most recently used last
+            block.owners |= 1 << pick
+            if i + 1 < len(hashes):
+                nxt = hashes[i + 1]
+                if len(block.successors) < 2 and nxt not in block.successors:
+                    block.successors += (nxt,)
+        while len(table) > self.config.max_tracked_blocks:
+            table.popitem(last=False)  # forget the least recently used block
+            self._evicted += 1

@@ -1,0 +1,228 @@
+"""The generation interface of asynchronous GRPO: prompt ids and a policy version in, completions out.
+
+The training loop only ever talks to a `Generator`:
+
+    generator.publish(model, version)      # trainer: "my current weights are policy `version`"
+    generator.generate(prompt_ids, version=v, ...) -> Completions   # worker: sample with policy v
+
+`LocalGenerator` samples in this process from its own copy of the policy. A later issue swaps it
+for HTTP inference servers (publish = save the adapter and ask the servers to load it under a
+versioned name) without touching the training loop.
+
+Why a copy: the trainer's optimizer changes weights in place, tensor by tensor. Sampling from the
+trainer's model while it steps would mix two policies in one forward pass ("half-updated weights").
+So `publish` snapshots the trainable weights (for LoRA only the adapter's lora_A/lora_B: 11,776
+numbers at rank 1 on the tiny model), and the worker loads a snapshot into its copy, in its own
+thread, between generations. For LoRA the copy is a plain base model with the adapter merged in
+(W0 + scaling * B @ A), which samples faster than an unmerged adapter. A snapshot is never
+modified after it is published, so no lock is held while loading.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..core.generation import Completions, sampling_config
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that samples completions, with their logprobs, from a named policy version."""
+
+    def publish(self, model, version: int) -> None:
+        """Make the weights of `model` (the trainer's, right now) available as policy `version`."""
+        ...
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        version: int,
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Completions:
+        """`num_generations` completions per prompt (prompt-major), sampled from policy `version`,
+        with the per-token logprobs of the distribution they were sampled from."""
+        ...
+
+    @property
+    def latest_version(self) -> int:
+        """The newest published version (-1 before the first `publish`)."""
+        ...
+
+
+def is_peft_model(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """A detached copy of the parameters training changes (`requires_grad`), by name: the
+    adapter's lora_A/lora_B for LoRA (11,776 numbers at rank 1), every weight for full tuning."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def load_trainable_state(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy a `trainable_state` snapshot into a model with the same parameter names (in place)."""
+    params = dict(model.named_parameters())
+    for name, value in state.items():
+        params[name].copy_(value)
+
+
+@torch.inference_mode()  # lighter than no_grad: no autograd bookkeeping at all
+def sample_from_ids(
+    model,
+    prompt_ids: list[list[int]],
+    *,
+    pad_token_id: int,
+    eos_token_id: int,
+    tokenizer,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> Completions:
+    """`generate` on token ids (left padded here), keeping processed logprobs, like
+    `grpo_lab.core.generation.generate_completions` does for text prompts."""
+    device = next(model.parameters()).device
+    rows = [ids for ids in prompt_ids for _ in range(num_generations)]  # prompt-major
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows], device=device)
+    attention_mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows]))
+    attention_mask = attention_mask.long().to(device)  # (B, P): 0 on the left padding
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        generation_config=sampling_config(tokenizer, max_new_tokens, temperature, True),
+    )
+    new_ids = out.sequences[:, width:]  # (B, T_new)
+    scores = torch.stack(out.scores, dim=1).float()  # (B, T_new, V) logits after temperature
+    logps = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
+
+    completion_ids, logprobs, finish = [], [], []
+    for row in range(new_ids.shape[0]):
+        ids = new_ids[row].tolist()
+        stop = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)  # keep the EOS
+        completion_ids.append(ids[:stop])
+        logprobs.append(logps[row, :stop].tolist())
+        finish.append("stop" if eos_token_id in ids else "length")
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Completions([list(r) for r in rows], completion_ids, logprobs, texts, finish)
+
+
+class MergedLoRAModel:
+    """A plain copy of a peft model whose adapted linears hold W0 + scaling * B @ A.
+
+    Sampling from merged weights skips the adapter's extra matmuls and Python per layer (an
+    unmerged adapter roughly halves `generate` throughput on the tiny model), and the trainer's
+    unmerged forward gives the same logprobs to float rounding. `load` re-merges a new adapter
+    snapshot from the kept base weights W0, so merges never accumulate. Plain LoRA only
+    (no DoRA, no fan_in_fan_out, nothing trainable but lora_A/lora_B): see `mergeable`.
+    """
+
+    def __init__(self, peft_model):
+        self.model = copy.deepcopy(peft_model).merge_and_unload()  # plain model, weights merged
+        self._targets = {}  # peft module name -> (the plain model's Linear, W0, scaling)
+        for name, module in self._lora_layers(peft_model):
+            linear = self.model.get_submodule(name.removeprefix("base_model.model."))
+            w0 = module.base_layer.weight.detach().clone()
+            self._targets[name] = (linear, w0, module.scaling["default"])
+
+    @staticmethod
+    def _lora_layers(model):
+        from peft.tuners.lora import LoraLayer
+
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+
+    @classmethod
+    def mergeable(cls, model) -> bool:
+        if not is_peft_model(model) or list(model.peft_config) != ["default"]:
+            return False
+        layers = cls._lora_layers(model)
+        only_adapters = all(".lora_A." in n or ".lora_B." in n
+                            for n, p in model.named_parameters() if p.requires_grad)
+        return bool(layers) and only_adapters and all(
+            not m.fan_in_fan_out and not m.use_dora.get("default", False)
+            and isinstance(m.base_layer, torch.nn.Linear) for _, m in layers)
+
+    @torch.no_grad()
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        for name, (linear, w0, scaling) in self._targets.items():
+            a = state[f"{name}.lora_A.default.weight"]  # (r, in)
+            b = state[f"{name}.lora_B.default.weight"]  # (out, r)
+            linear.weight.copy_(w0 + scaling * (b @ a))
+
+
+class LocalGenerator:
+    """Samples in this process from a private copy of the policy, one published version at a time.
+
+    For a LoRA policy the copy is a plain model with the adapter merged in (`merge_lora=True`);
+    `merge_lora=False` keeps a peft copy and copies the adapter weights into it instead.
+
+    Keeps the last `max_versions` snapshots (the recipe's `max_staleness + 1` adapter slots), so a
+    worker that read `latest_version` just before a publish still finds its version. Asking for
+    an evicted or unknown version raises `KeyError`, as a server answers "No adapter found".
+    """
+
+    def __init__(self, model, tokenizer, max_versions: int = 2, merge_lora: bool = True):
+        if max_versions < 1:
+            raise ValueError(f"max_versions must be >= 1, got {max_versions}")
+        # LoRA: sample from a plain copy with the adapter merged in (faster), if it is plain LoRA.
+        mergeable = merge_lora and MergedLoRAModel.mergeable(model)
+        self._merged = MergedLoRAModel(model) if mergeable else None
+        self.model = self._merged.model if self._merged else copy.deepcopy(model)
+        self.model.eval().requires_grad_(False)
+        self.tokenizer = copy.deepcopy(tokenizer)  # fast tokenizers are not thread safe
+        self.max_versions = max_versions
+        self._snapshots: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()  # guards _snapshots (publish and generate run in two threads)
+        self._generating = threading.Lock()  # one generation at a time on the private copy
+        self._loaded_version: int | None = None  # which snapshot the private copy holds
+        self.loads = 0
+        """How many times a snapshot was loaded into the private copy."""
+
+    def publish(self, model, version: int) -> None:
+        state = trainable_state(model)  # trainer thread, between optimizer steps
+        with self._lock:
+            latest = next(reversed(self._snapshots)) if self._snapshots else -1
+            if version <= latest:
+                raise ValueError(f"versions must increase: {version} after {latest}")
+            self._snapshots[version] = state
+            while len(self._snapshots) > self.max_versions:
+                self._snapshots.popitem(last=False)  # evict the oldest
+
+    @property
+    def latest_version(self) -> int:
+        with self._lock:
+            return next(reversed(self._snapshots)) if self._snapshots else -1
+
+    @property
+    def versions(self) -> list[int]:
+        """The versions that can be sampled from now, oldest first."""
+        with self._lock:
+            return list(self._snapshots)
+
+    def generate(self, prompt_ids, *, version, num_generations, max_new_tokens, temperature):
+        with self._lock:
+            if version not in self._snapshots:
+                raise KeyError(f"policy version {version} not available (have {list(self._snapshots)})")
+            state = self._snapshots[version]
+        with self._generating:
+            if self._loaded_version != version:  # swap weights between generations, never during
+                if self._merged is not None:
+                    self._merged.load(state)
+                else:
+                    load_trainable_state(self.model, state)
+                self._loaded_version = version
+                self.loads += 1
+            return sample_from_ids(
+                self.model, prompt_ids, pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id, tokenizer=self.tokenizer,
+                num_generations=num_generations, max_new_tokens=max_new_tokens,
+                temperature=temperature,
+            )

@@ -1,0 +1,196 @@
+"""`HTTPGenerator`: the `Generator` of asynchronous GRPO backed by inference servers over HTTP.
+
+It swaps `LocalGenerator` (grpo_lab.rollout.generators) for a server (or a proxy in front of several)
+without touching the training loop:
+
+    publish(model, N)   the weight sync, TRL's adapter-only LoRA path:
+        1. bucket.publish       write the adapter as `policy-vN`, atomically (grpo_lab.bucket.adapters)
+        2. POST /pause?mode=keep    freeze in-flight rollouts
+        3. POST /v1/load_lora_adapter {"lora_name": "policy-vN", "lora_path": <bucket>/policy-vN}
+                                (retried while the server answers "No adapter found")
+        4. POST /resume
+        5. POST /v1/unload_lora_adapter  policy-v(N - max_staleness - 1); the bucket deletes its
+                                directory one sync later
+    generate(prompt_ids, version=v, ...)
+        one /v1/completions request per prompt, n = G, `model = "policy-vv"`, a fresh seed each,
+        at most `max_inflight` of them at a time (the client's cap; None = all at once),
+        untruncated sampling (top_p 1, top_k 0) so the server's processed logprobs are the
+        trainer's old-policy logprobs; with `retries`, a request answered 502/503/504 (a
+        replica died under it, the proxy took it out) is sent again, alone
+
+Every version has its own name: a reused name would let a server mix policies (prefix cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+from ..bucket.adapters import AdapterBucket, adapter_name
+from ..core.generation import Completions
+from ..serving.client import BlockingClient, ServerError
+
+RETRY_STATUSES = (502, 503, 504)
+"""The proxy's answers when a replica fails under a request: worth sending it again."""
+
+
+class HTTPGenerator:
+    """Samples from policy versions loaded on an inference server; publishes through a bucket."""
+
+    def __init__(self, url: str, bucket: AdapterBucket, *, api_key: str | None = None,
+                 max_staleness: int = 1, load_timeout_s: float = 60.0,
+                 retry_every_s: float = 0.25, seed: int | None = None,
+                 request_timeout_s: float = 600.0, retries: int = 0,
+                 max_inflight: int | None = None):
+        if max_inflight is not None and max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1 or None (got {max_inflight})")
+        self.bucket = bucket
+        self.max_staleness = max_staleness
+        self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
+        self.client = BlockingClient(url, api_key=api_key, timeout_s=request_timeout_s)
+        self._rng = random.Random(seed)  # request seeds: reproducible runs when seeded
+        self._lock = threading.Lock()  # publish (trainer thread) vs generate (worker thread)
+        self._latest = -1
+        self.loaded: list[int] = []
+        """Versions loaded on the server, oldest first."""
+        self.syncs: list[dict] = []
+        """Per publish: seconds of each stage and bytes written."""
+        self.retries = retries
+        """Times a completion or weight-sync call answered 502/503/504 is sent again
+        (0 = fail at once)."""
+        self.retried = 0
+        """Completion requests and weight-sync calls sent again so far."""
+        self.max_inflight = max_inflight
+        """Most completion requests in flight at once within one `generate` call (None = all of
+        its prompts at once): the recipe's "client cap on in-flight requests", a knob of the
+        pipeline's balance. A request is one prompt with n = G completions; the async trainer's
+        worker generates one step at a time, so a cap above prompts_per_step changes nothing."""
+        self.inflight_peak = 0
+        """The most requests that were in flight at once so far."""
+        self._inflight = 0
+        self._recent_peak = 0  # since the last `pop_inflight_peak`
+
+    def name(self, version: int) -> str:
+        return adapter_name(version, self.bucket.prefix)
+
+    @property
+    def latest_version(self) -> int:
+        with self._lock:
+            return self._latest
+
+    def publish(self, model, version: int) -> None:
+        if version <= self.latest_version:
+            raise ValueError(f"versions must increase: {version} after {self.latest_version}")
+        t0 = time.perf_counter()
+        path = self.bucket.publish(model, version)  # 1. write + atomic rename
+        t1 = time.perf_counter()
+        self._control(self.client.pause, "keep")  # 2.
+        try:
+            t2 = time.perf_counter()
+            self._control(self.client.load_lora_adapter, self.name(version), str(path),  # 3.
+                          retry_not_found_s=self.load_timeout_s,
+                          retry_every_s=self.retry_every_s)
+            t3 = time.perf_counter()
+            with self._lock:  # on the server from now on, even if resume fails
+                self.loaded.append(version)
+        finally:
+            self._control(self.client.resume)  # 4.
+        t4 = time.perf_counter()
+        with self._lock:
+            self._latest = version
+            retire = [v for v in self.loaded if v < version - self.max_staleness]
+        for old in retire:  # 5.
+            self._control(self.client.unload_lora_adapter, self.name(old), unload=True)
+            self.bucket.mark_unloaded(old)
+            with self._lock:
+                self.loaded.remove(old)
+        t5 = time.perf_counter()
+        self.syncs.append({"version": version, "bytes": self.bucket.last_publish["bytes"],
+                           "publish_s": t1 - t0, "pause_s": t2 - t1, "load_s": t3 - t2,
+                           "resume_s": t4 - t3, "unload_s": t5 - t4, "sync_s": t5 - t0})
+
+    def _control(self, call, *args, unload: bool = False, **kwargs):
+        """A weight-sync call, sent again (up to `retries` times, a second apart) while the
+        proxy answers 502/503/504: a replica died and the proxy is taking it out. A retried
+        unload may find the name already gone where it ran before (404): that is done."""
+        for attempt in range(self.retries + 1):
+            try:
+                return call(*args, **kwargs)
+            except ServerError as exc:
+                if unload and attempt and exc.status == 404:
+                    return None
+                if exc.status not in RETRY_STATUSES or attempt == self.retries:
+                    raise
+                self.retried += 1
+                time.sleep(1.0)
+
+    async def _generate(self, prompt_ids, name, n, max_new_tokens, temperature, seeds):
+        """One request per prompt. A request the server (or proxy) answers 502/503/504 (a
+        replica went down under it) is sent again, up to `retries` times; the answers that
+        came back are kept, so no prompt is ever counted twice."""
+        replies: list = [None] * len(prompt_ids)
+        cap = asyncio.Semaphore(self.max_inflight or len(prompt_ids))
+
+        async def one(i):
+            async with cap:  # the client's cap on in-flight requests
+                self._inflight += 1
+                self.inflight_peak = max(self.inflight_peak, self._inflight)
+                self._recent_peak = max(self._recent_peak, self._inflight)
+                try:
+                    return await self.client.client.completions(
+                        prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
+                        temperature=temperature, top_p=1.0, top_k=0, seed=seeds[i],
+                        logprobs=0, return_token_ids=True)
+                finally:
+                    self._inflight -= 1
+
+        for attempt in range(self.retries + 1):
+            todo = [i for i, reply in enumerate(replies) if reply is None]
+            results = await asyncio.gather(*(one(i) for i in todo), return_exceptions=True)
+            for i, result in zip(todo, results, strict=True):
+                if (isinstance(result, ServerError) and result.status in RETRY_STATUSES
+                        and attempt < self.retries):
+                    self.retried += 1
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    replies[i] = result
+            if all(reply is not None for reply in replies):
+                return replies
+            await asyncio.sleep(self.retry_every_s)
+        raise AssertionError("unreachable")
+
+    def pop_inflight_peak(self) -> int:
+        """The most requests in flight at once since the last call (the trainer logs it per
+        step as `rollout/inflight`)."""
+        peak, self._recent_peak = self._recent_peak, self._inflight
+        return peak
+
+    def generate(self, prompt_ids, *, version, num_generations, max_new_tokens,
+                 temperature) -> Completions:
+        name = self.name(version)
+        with self._lock:
+            seeds = [self._rng.getrandbits(63) for _ in prompt_ids]
+        try:
+            replies = self.client.call(self._generate(
+                [list(p) for p in prompt_ids], name, num_generations, max_new_tokens,
+                temperature, seeds))
+        except ServerError as exc:
+            if exc.status == 404 and exc.param == "model":
+                raise KeyError(f"policy version {version} ({name}) is not loaded on the "
+                               f"server: {exc.message}") from exc
+            raise
+        out = Completions([], [], [], [], [])
+        for reply in replies:  # prompt-major: choices are ordered by prompt, then child
+            for choice in reply["choices"]:
+                out.prompt_ids.append(choice["prompt_token_ids"])
+                out.completion_ids.append(choice["token_ids"])
+                out.logprobs.append(choice["logprobs"]["token_logprobs"])
+                out.texts.append(choice["text"])
+                out.finish_reasons.append(choice["finish_reason"])
+        return out
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,6 @@
+"""Stage 4, serving: `grpo-lab serve`, a CPU stand-in for `vllm serve` with the same HTTP API.
+
+The wire format (protocol), vLLM's sampling, the continuous-batching engine, several LoRA
+adapters on one model, the aiohttp server, its client, and starting it as a process.
+Taught by notebook 05.
+"""

@@ -1,0 +1,438 @@
+"""Continuous batching: one engine thread decodes every active request together, step by step.
+
+Static batching (`generate` on a batch) waits for the longest sequence before taking new work.
+Continuous batching (Orca, Yu et al. 2022; vLLM) re-forms the batch between decode steps:
+
+    loop:
+        admit    waiting sequences (up to max_num_seqs rows and max_loras distinct adapters):
+                 one prefill forward over their prompts (left padded), sample their first token,
+                 and merge their KV cache into the running batch (left padding to a common length)
+        decode   one forward for all running rows: each feeds its last token, at its own position
+        sample   each row with its own parameters and seeded generator (grpo_lab.serving.sampling)
+        retire   rows that hit EOS, a stop token, max_tokens or max_model_len; answer their request
+
+The batch's rows are kept sorted by adapter, so the LoRA hooks (grpo_lab.serving.lora_registry) add each
+adapter's delta to one contiguous slice. The KV cache is an ordinary transformers `DynamicCache`
+whose rows we select, left pad and concatenate when the batch changes.
+
+The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
+sequences each) and awaits their asyncio futures. `pause` supports vLLM's three modes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import random
+import threading
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .lora_registry import LoRAAdapter, LoRARegistry
+from .sampling import SamplingParams, sample
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One completion being generated (child `index` of a request with n completions)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    adapter: LoRAAdapter | None
+    generator: torch.Generator
+    group: RequestGroup | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id, when one ended it
+    seen: torch.Tensor | None = None  # (V,) bool, only with a repetition penalty
+
+    @property
+    def adapter_key(self) -> int:
+        return self.adapter.id if self.adapter is not None else 0
+
+
+class RequestGroup:
+    """The sequences of one request; its asyncio future resolves when all have finished."""
+
+    def __init__(self, sequences: list[Sequence], loop=None, future=None):
+        self.sequences = sequences
+        self.loop, self.future = loop, future
+        self.cancelled = False  # set by the server when the client goes away
+        self.error: BaseException | None = None
+        self._left = len(sequences)
+        for seq in sequences:
+            seq.group = self
+
+    def _finished_one(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        if self.future is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._set_future)
+
+    def _set_future(self) -> None:
+        if not self.future.done():
+            if self.error is not None:
+                self.future.set_exception(self.error)
+            else:
+                self.future.set_result(self)
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A per-sequence generator; unseeded sequences get a fresh random seed."""
+    seed = random.SystemRandom().getrandbits(63) if seed is None else seed
+    return torch.Generator().manual_seed(seed % 2**64)
+
+
+class Engine:
+    """Owns the model; `submit` request groups from any thread; `start` runs the loop thread."""
+
+    def __init__(self, model, *, eos_token_ids: list[int], max_model_len: int,
+                 logprobs_mode: str = "raw_logprobs", max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, lora: LoRARegistry | None = None):
+        self.model = model.eval()
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.logprobs_mode = logprobs_mode
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.lora = lora
+        self.max_loras = lora.max_loras if lora is not None else 0
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # Shared with other threads, guarded by _cond.
+        self._cond = threading.Condition()
+        self._waiting: list[Sequence] = []  # admissible now, FIFO
+        self._held: list[Sequence] = []  # arrived while paused: admitted on resume
+        self._state = "running"  # "running", "draining" (pause mode wait) or "paused"
+        self._abort_pending = False
+        self._pause_futures: list[concurrent.futures.Future] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        # Owned by the engine thread: the running batch.
+        self._rows: list[Sequence] = []
+        self._cache = None  # DynamicCache, one row per running sequence
+        self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, L) 1 on real tokens
+        self._next = torch.zeros(0, dtype=torch.long)  # (B,) last sampled token, not yet cached
+        self.stats = dict(steps=0, prefills=0, generated_tokens=0, max_batch=0)
+
+    # ------------------------------------------------------------------ API (any thread)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def paused(self) -> bool:
+        return self._state != "running"
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="grpo-lab-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, group: RequestGroup) -> None:
+        with self._cond:
+            if self.error is not None:
+                raise RuntimeError(f"the engine is dead: {self.error!r}")
+            (self._waiting if self._state == "running" else self._held).extend(group.sequences)
+            self._cond.notify_all()
+
+    def cancel(self, group: RequestGroup) -> None:
+        """Abort a request (its client went away): its rows are dropped before the next step."""
+        with self._cond:
+            group.cancelled = True
+            self._cond.notify_all()
+
+    def pause(self, mode: str = "abort") -> concurrent.futures.Future:
+        """Resolves once paused. abort: finish in-flight requests now with finish_reason "abort";
+        wait: let in-flight requests finish; keep: freeze them until `resume`. New requests are
+        accepted in every mode and wait for `resume`."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self.error is not None:  # a dead engine generates nothing: paused already
+                self._state = "paused"
+                future.set_result(False)
+                return future
+            if mode == "wait":
+                if self._state == "running":
+                    self._state = "draining"
+            else:
+                self._state = "paused"
+                self._abort_pending |= mode == "abort"
+            self._pause_futures.append(future)
+            self._cond.notify_all()
+        return future
+
+    def resume(self) -> None:
+        with self._cond:
+            self._state = "running"
+            self._waiting.extend(self._held)
+            self._held.clear()
+            self._resolve_pause_futures()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the loop (engine thread)
+
+    def _loop(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cond:
+                        admitted = self._wait_for_work()
+                        if admitted is None:
+                            return
+                    self._drop_cancelled()
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._rows:
+                        self._decode_step()
+        except BaseException as exc:  # the engine is dead: fail every request, /health says 503
+            self.error = exc
+            with self._cond:
+                pending = self._rows + self._waiting + self._held
+                self._waiting, self._held, self._rows = [], [], []
+            for group in {id(s.group): s.group for s in pending if s.group}.values():
+                group.error = RuntimeError(f"the engine failed: {exc!r}")
+                group._resolve()
+            raise
+
+    def _wait_for_work(self) -> list[Sequence] | None:
+        """Under the lock: handle pause requests, sleep while idle, pick sequences to admit."""
+        while True:
+            if self._stopping:
+                return None
+            if self._abort_pending:
+                self._abort_pending = False
+                for seq in self._rows + self._waiting:
+                    self._finish(seq, "abort")
+                self._rows, self._waiting = [], []
+                self._reset_batch()
+            if self._state == "draining" and not self._rows and not self._waiting:
+                self._state = "paused"
+            if self._state == "paused":
+                self._resolve_pause_futures()
+            elif self._rows or self._waiting:
+                return self._take_admissible()
+            self._cond.wait()
+
+    def _resolve_pause_futures(self) -> None:
+        for future in self._pause_futures:
+            if not future.done():
+                future.set_result(True)
+        self._pause_futures.clear()
+
+    def _take_admissible(self) -> list[Sequence]:
+        """FIFO admission within max_num_seqs rows, max_loras adapters, and a prefill token cap."""
+        admitted, rest = [], []
+        adapters = {s.adapter_key for s in self._rows if s.adapter is not None}
+        tokens = 0
+        for seq in self._waiting:
+            room = len(self._rows) + len(admitted) < self.max_num_seqs
+            fits = seq.adapter is None or seq.adapter_key in adapters or len(adapters) < self.max_loras
+            small = not admitted or tokens + len(seq.prompt_ids) <= self.max_num_batched_tokens
+            if room and fits and small and not seq.group.cancelled:
+                admitted.append(seq)
+                tokens += len(seq.prompt_ids)
+                if seq.adapter is not None:
+                    adapters.add(seq.adapter_key)
+            elif seq.group.cancelled:
+                self._finish(seq, "abort")
+            else:
+                rest.append(seq)
+        self._waiting = rest
+        return admitted
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, s in enumerate(self._rows) if not s.group.cancelled]
+        if len(keep) < len(self._rows):
+            for s in self._rows:
+                if s.group.cancelled:
+                    self._finish(s, "abort")
+            self._select_rows(keep)
+
+    # ------------------------------------------------------------------ batch bookkeeping
+
+    def _reset_batch(self) -> None:
+        self._rows, self._cache = [], None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._next = torch.zeros(0, dtype=torch.long)
+
+    def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self._cache.layers]
+
+    def _select_rows(self, keep: list[int]) -> None:
+        """Keep these rows (in this order) and cut leading columns that are padding for all."""
+        if not keep:
+            self._reset_batch()
+            return
+        index = torch.tensor(keep)
+        self._rows = [self._rows[i] for i in keep]
+        mask = self._mask.index_select(0, index)
+        start = int((mask.sum(0) > 0).long().argmax())  # first column holding a real token
+        self._mask = mask[:, start:]
+        self._next = self._next.index_select(0, index)
+        self._cache = DynamicCache(ddp_cache_data=[(k.index_select(0, index)[:, :, start:],
+                                                    v.index_select(0, index)[:, :, start:])
+                                                   for k, v in self._kv()])
+
+    def _segments(self, rows: list[Sequence]) -> list[tuple[LoRAAdapter, int, int]]:
+        """Contiguous runs of rows under the same adapter (rows are sorted by adapter)."""
+        segments: list[tuple[LoRAAdapter, int, int]] = []
+        for i, seq in enumerate(rows):
+            if seq.adapter is None:
+                continue
+            if segments and segments[-1][0] is seq.adapter and segments[-1][2] == i:
+                segments[-1] = (seq.adapter, segments[-1][1], i + 1)
+            else:
+                segments.append((seq.adapter, i, i + 1))
+        return segments
+
+    def _forward(self, rows, input_ids, attention_mask, position_ids, cache):
+        """(B, T) ids -> (B, V) logits of the last position, with each row's adapter."""
+        if self.lora is not None:
+            self.lora.segments = self._segments(rows)
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: cache})
+        finally:
+            if self.lora is not None:
+                self.lora.segments = []
+        new_cache = getattr(out, "cache", None)
+        return out.logits[:, -1, :], new_cache if new_cache is not None else out.past_key_values
+
+    # ------------------------------------------------------------------ prefill and decode
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        """One forward over the new prompts (left padded); sample their first tokens; merge."""
+        seqs = sorted(seqs, key=lambda s: s.adapter_key)
+        width = max(len(s.prompt_ids) for s in seqs)
+        ids = torch.tensor([[0] * (width - len(s.prompt_ids)) + s.prompt_ids for s in seqs])
+        mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
+                             for s in seqs])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` derives them
+        logits, cache = self._forward(seqs, ids, mask, positions, DynamicCache())
+        self.stats["prefills"] += 1
+        for s in seqs:
+            if s.params.repetition_penalty != 1.0:
+                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool)
+                s.seen[torch.tensor(s.prompt_ids)] = True
+        tokens = self._sample_and_record(seqs, logits)
+        alive = [i for i, s in enumerate(seqs) if s.finish_reason is None]
+        if not alive:
+            return
+        index = torch.tensor(alive)
+        new_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in
+                  ((layer.keys, layer.values) for layer in cache.layers)]
+        self._merge([seqs[i] for i in alive], new_kv, mask.index_select(0, index),
+                    tokens.index_select(0, index))
+
+    def _merge(self, seqs, kv, mask, next_tokens) -> None:
+        """Append new rows to the running batch, left padding the shorter side, sorted by adapter."""
+        if not self._rows:
+            rows, all_kv, all_mask, all_next = seqs, kv, mask, next_tokens
+        else:
+            old_kv, L_old, L_new = self._kv(), self._mask.shape[1], mask.shape[1]
+            L = max(L_old, L_new)
+
+            def pad(t, n):  # left pad dim -2 (keys/values) or -1 (mask) with n zeros
+                return torch.nn.functional.pad(t, (0, 0, n, 0) if t.dim() == 4 else (n, 0))
+
+            all_kv = [(torch.cat([pad(ko, L - L_old), pad(kn, L - L_new)]),
+                       torch.cat([pad(vo, L - L_old), pad(vn, L - L_new)]))
+                      for (ko, vo), (kn, vn) in zip(old_kv, kv, strict=True)]
+            all_mask = torch.cat([pad(self._mask, L - L_old), pad(mask, L - L_new)])
+            all_next = torch.cat([self._next, next_tokens])
+            rows = self._rows + seqs
+        order = sorted(range(len(rows)), key=lambda i: rows[i].adapter_key)  # stable
+        index = torch.tensor(order)
+        self._rows = [rows[i] for i in order]
+        self._cache = DynamicCache(ddp_cache_data=[(k.index_select(0, index),
+                                                    v.index_select(0, index)) for k, v in all_kv])
+        self._mask = all_mask.index_select(0, index)
+        self._next = all_next.index_select(0, index)
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(self._rows))
+
+    def _decode_step(self) -> None:
+        """Feed every running row its last sampled token; sample the next; retire finished rows."""
+        self._mask = torch.cat([self._mask, torch.ones(len(self._rows), 1, dtype=torch.long)], 1)
+        positions = (self._mask.sum(-1, keepdim=True) - 1)  # (B, 1): each row's own position
+        logits, self._cache = self._forward(self._rows, self._next.unsqueeze(1), self._mask,
+                                            positions, self._cache)
+        self.stats["steps"] += 1
+        self._next = self._sample_and_record(self._rows, logits)
+        keep = [i for i, s in enumerate(self._rows) if s.finish_reason is None]
+        if len(keep) < len(self._rows):
+            self._select_rows(keep)
+
+    def _sample_and_record(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        out = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                     [s.seen for s in seqs], self.logprobs_mode)
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        self.stats["generated_tokens"] += len(tokens)
+        for row, (seq, token, logprob) in enumerate(zip(seqs, tokens, logprobs, strict=True)):
+            seq.output_ids.append(token)
+            seq.logprobs.append(logprob)
+            k = seq.params.logprobs
+            if k:  # the top k of this position (the sampled token is added by the server)
+                values, ids = out.logprob_rows[row].topk(min(k, logits.shape[-1]))
+                seq.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+            if seq.seen is not None:
+                seq.seen[token] = True
+            p = seq.params
+            if token in self.eos_token_ids and not p.ignore_eos:
+                self._finish(seq, "stop")
+            elif token in p.stop_token_ids:
+                self._finish(seq, "stop", stop_reason=token)
+            elif (len(seq.output_ids) >= p.max_tokens
+                  or len(seq.prompt_ids) + len(seq.output_ids) >= self.max_model_len):
+                self._finish(seq, "length")
+        return out.tokens
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        if seq.finish_reason is not None:
+            return
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        if seq.group is not None:
+            seq.group._finished_one()
+
+
+def generate_sync(engine: Engine, sequences: list[Sequence], timeout: float = 600) -> list[Sequence]:
+    """Submit sequences to a started engine from a plain thread and wait (tests, benchmarks)."""
+    done = threading.Event()
+
+    class _Group(RequestGroup):
+        def _resolve(self):
+            done.set()
+
+    group = _Group(sequences)
+    engine.submit(group)
+    if not done.wait(timeout):
+        engine.cancel(group)
+        raise TimeoutError(f"generation did not finish in {timeout} s")
+    if group.error is not None:
+        raise group.error
+    return sequences

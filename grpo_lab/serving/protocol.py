@@ -1,0 +1,225 @@
+"""The OpenAI/vLLM wire format of the server: request validation, response and error bodies.
+
+Kept apart from the HTTP plumbing (grpo_lab.serving.server) so the field rules read in one place. Every
+rule answers what vLLM answers (docs/serving-api.md): a 400 `BadRequestError` for a request that
+can never succeed, a 404 `NotFoundError` for an unknown model, and the error body
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from .sampling import SamplingParams
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_MISSING = object()
+
+
+class RequestError(Exception):
+    """A request the server refuses; becomes vLLM's JSON error body with this status."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
+                 param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+
+
+def error_body(message: str, err_type: str, status: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def _type_name(value) -> str:
+    return type(value).__name__ if value is not None else "null"
+
+
+_KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string",
+               "int_list": "a list of integers"}
+
+
+def get_field(body: dict, name: str, kind: str, default=_MISSING, *, nullable: bool = False):
+    """body[name] checked against `kind` ("int", "float", "bool", "str", "str_list", "int_list")."""
+    value = body.get(name, default)
+    if value is _MISSING:
+        raise RequestError(f"Field required: '{name}'.", param=name)
+    if value is None and (nullable or default is None):
+        return None
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "int_list": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                    for v in value),
+    }[kind]
+    if not ok:
+        raise RequestError(f"'{name}' must be {_KIND_NAMES[kind]}, got {_type_name(value)} "
+                           f"{value!r:.80}.", param=name)
+    return float(value) if kind == "float" else value
+
+
+def _check(condition: bool, message: str, param: str) -> None:
+    if not condition:
+        raise RequestError(message, param=param)
+
+
+def parse_prompts(prompt) -> list[str | list[int]]:
+    """vLLM's prompt forms: a string, a list of strings, a list of ids, or a list of id lists."""
+    def is_id(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(is_id(v) for v in prompt):
+            return [prompt]
+        if all(isinstance(v, str) for v in prompt):
+            return list(prompt)
+        if all(isinstance(v, list) and v and all(is_id(t) for t in v) for v in prompt):
+            return list(prompt)
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError("Prompt cannot be empty.", param="prompt")
+    raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a "
+                       f"list of token-id lists (non-empty), got {_type_name(prompt)}.",
+                       param="prompt")
+
+
+@dataclass
+class CompletionRequest:
+    model: str | None
+    prompts: list[str | list[int]]
+    params: SamplingParams
+    max_tokens: int | None  # None = up to max_model_len
+    return_token_ids: bool
+    add_special_tokens: bool
+
+
+def parse_completion_request(body, max_logprobs: int = 20) -> CompletionRequest:
+    """Validate a /v1/completions body (types and ranges); lengths are checked after tokenizing."""
+    if not isinstance(body, dict):
+        raise RequestError(f"The request body must be a JSON object, got {_type_name(body)}.")
+    if body.get("stream"):
+        raise RequestError("stream=true is not supported by grpo_lab's server.", param="stream")
+    if body.get("echo"):
+        raise RequestError("echo=true is not supported by grpo_lab's server.", param="echo")
+    model = get_field(body, "model", "str", None)
+    if "prompt" not in body:
+        raise RequestError("Field required: 'prompt'.", param="prompt")
+    prompts = parse_prompts(body["prompt"])
+    n = get_field(body, "n", "int", 1)
+    _check(n is not None and n >= 1, f"n must be at least 1, got {n}.", "n")
+    max_tokens = get_field(body, "max_tokens", "int", 16, nullable=True)
+    _check(max_tokens is None or max_tokens >= 1,
+           f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    temperature = get_field(body, "temperature", "float", 1.0, nullable=True)
+    temperature = 1.0 if temperature is None else temperature
+    _check(temperature >= 0, f"temperature must be non-negative, got {temperature}.",
+           "temperature")
+    top_p = get_field(body, "top_p", "float", 1.0, nullable=True)
+    top_p = 1.0 if top_p is None else top_p
+    _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}.", "top_p")
+    top_k = get_field(body, "top_k", "int", 0, nullable=True) or 0
+    _check(top_k >= -1, f"top_k must be 0 or -1 (disable), or at least 1, got {top_k}.", "top_k")
+    min_p = get_field(body, "min_p", "float", 0.0, nullable=True) or 0.0
+    _check(0 <= min_p <= 1, f"min_p must be in [0, 1], got {min_p}.", "min_p")
+    penalty = get_field(body, "repetition_penalty", "float", 1.0, nullable=True)
+    penalty = 1.0 if penalty is None else penalty
+    _check(penalty > 0, f"repetition_penalty must be greater than zero, got {penalty}.",
+           "repetition_penalty")
+    seed = get_field(body, "seed", "int", None)
+    _check(seed is None or INT64_MIN <= seed <= INT64_MAX, f"seed must fit in 64 bits, got {seed}.",
+           "seed")
+    logprobs = get_field(body, "logprobs", "int", None)
+    _check(logprobs is None or 0 <= logprobs <= max_logprobs,
+           f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
+           f"{max_logprobs}" if logprobs is not None and logprobs > 0 else
+           f"logprobs must be non-negative, got {logprobs}.", "logprobs")
+    stop_token_ids = get_field(body, "stop_token_ids", "int_list", None) or []
+    stop = body.get("stop")
+    _check(not stop, "'stop' strings are not supported by grpo_lab's server; use "
+           "stop_token_ids.", "stop")
+    params = SamplingParams(
+        n=n, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        repetition_penalty=penalty, max_tokens=max_tokens or 0, seed=seed, logprobs=logprobs,
+        stop_token_ids=stop_token_ids, ignore_eos=get_field(body, "ignore_eos", "bool", False),
+    )
+    return CompletionRequest(
+        model=model, prompts=prompts, params=params, max_tokens=max_tokens,
+        return_token_ids=bool(get_field(body, "return_token_ids", "bool", False, nullable=True)),
+        add_special_tokens=get_field(body, "add_special_tokens", "bool", True),
+    )
+
+
+def check_prompt(ids: list[int], max_tokens: int | None, max_model_len: int,
+                 vocab_size: int) -> int:
+    """Token ids in range and the length rule (vLLM never clamps); returns the max_tokens to use."""
+    if not ids:
+        raise RequestError("Prompt cannot be empty.", param="prompt")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocabulary size "
+                           f"{vocab_size}).", param="prompt")
+    if len(ids) >= max_model_len:
+        raise RequestError(f"The prompt (length {len(ids)}) is longer than the maximum model "
+                           f"length of {max_model_len}.", param="prompt")
+    if max_tokens is None:
+        return max_model_len - len(ids)
+    if len(ids) + max_tokens > max_model_len:
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
+            "in the completion). Please reduce the length of the prompt or the completion.",
+            param="max_tokens")
+    return max_tokens
+
+
+def completion_choice(index: int, seq, token_text, text: str, return_token_ids: bool) -> dict:
+    """One `choices[]` entry in vLLM's non-streaming shape."""
+    logprobs = None
+    if seq.params.logprobs is not None:
+        tokens = [token_text(t) for t in seq.output_ids]
+        offsets, offset = [], 0
+        for tok in tokens:
+            offsets.append(offset)
+            offset += len(tok)
+        top = []
+        for pos, (token, logprob) in enumerate(zip(seq.output_ids, seq.logprobs, strict=True)):
+            entry = {token_text(t): lp for t, lp in
+                     (seq.top_logprobs[pos] if seq.top_logprobs else [])}
+            entry[token_text(token)] = logprob  # the sampled token is always there
+            top.append(entry)
+        logprobs = {"text_offset": offsets, "token_logprobs": seq.logprobs, "tokens": tokens,
+                    "top_logprobs": top}
+    return {
+        "index": index, "text": text, "logprobs": logprobs,
+        "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason,
+        "token_ids": list(seq.output_ids) if return_token_ids else None,
+        "prompt_token_ids": list(seq.prompt_ids) if return_token_ids else None,
+    }
+
+
+def completion_response(model: str, choices: list[dict], prompt_tokens: int,
+                        completion_tokens: int) -> dict:
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+        "created": int(time.time()), "model": model, "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def model_card(name: str, root: str, parent: str | None, max_model_len: int | None,
+               created: int) -> dict:
+    """One entry of /v1/models (vLLM's ModelCard)."""
+    return {
+        "id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root,
+        "parent": parent, "max_model_len": max_model_len,
+        "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                        "created": created, "allow_create_engine": False,
+                        "allow_sampling": True, "allow_logprobs": True,
+                        "allow_search_indices": False, "allow_view": True,
+                        "allow_fine_tuning": False, "organization": "*", "group": None,
+                        "is_blocking": False}],
+    }

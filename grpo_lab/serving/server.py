@@ -1,0 +1,397 @@
+"""`grpo-lab serve`: a CPU stand-in for `vllm serve`, speaking the same HTTP contract.
+
+    grpo-lab serve tiny --enable-lora --max-lora-rank 8 --max-loras 4 \\
+        --logprobs-mode processed_logprobs --port 8000
+
+Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0.31):
+
+    GET  /health                     200 while the engine lives, 503 once it died
+    GET  /v1/models                  base card first, then one card per loaded adapter
+    GET  /server_info                {"vllm_config": ...}          (VLLM_SERVER_DEV_MODE=1)
+    POST /pause?mode=abort|wait|keep {"status": "paused"}          (VLLM_SERVER_DEV_MODE=1)
+    POST /resume                     {"status": "resumed"}         (VLLM_SERVER_DEV_MODE=1)
+    POST /v1/load_lora_adapter       plain-text success   (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
+    POST /v1/unload_lora_adapter     plain-text success   (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
+    POST /v1/completions             vLLM's non-streaming completion response
+
+A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAPI answers.
+Generation runs in grpo_lab.serving.engine (continuous batching); adapters in grpo_lab.serving.lora_registry.
+With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM guards only
+/v1/*; guarding /pause and /server_info too costs a client that sends the key nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+from aiohttp import web
+
+from .engine import Engine, RequestGroup, Sequence, make_generator
+from .lora_registry import AdapterError, LoRARegistry, read_adapter
+from .process import READY_MARKER, ServerProcess, serve_until_signalled, start_server_process
+from .protocol import (
+    RequestError,
+    check_prompt,
+    completion_choice,
+    completion_response,
+    error_body,
+    model_card,
+    parse_completion_request,
+)
+from .sampling import LOGPROBS_MODES
+
+__all__ = ["ServeConfig", "RolloutServer", "serve", "start_server_process", "ServerProcess"]
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts for max_lora_rank
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class ServeConfig:
+    """Flags of `grpo-lab serve` (named like vLLM's); MODEL is the positional argument."""
+
+    model: str = "tiny"
+    """Hub id or local path of the base model; `tiny` = the offline tiny model (addition)."""
+    served_model_name: str | None = None
+    """Name of the base model in requests and /v1/models (default: MODEL as given)."""
+    host: str = "127.0.0.1"
+    """Interface to bind (127.0.0.1 = this machine only)."""
+    port: int = 8000
+    """TCP port (0 = any free port; the chosen one is printed)."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every route but /health (default: $VLLM_API_KEY)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (loaded at runtime with /v1/load_lora_adapter)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted; one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (as vLLM)."""
+    max_loras: int = 1
+    """Most distinct adapters decoded in one batch (requests under others wait their turn)."""
+    max_model_len: int | None = None
+    """Prompt + completion token limit (default: the model's max_position_embeddings)."""
+    logprobs_mode: str = "raw_logprobs"
+    """`raw_logprobs` (before any processing) or `processed_logprobs` (after penalties,
+    temperature, min_p, top-k and top-p: what a GRPO trainer computes)."""
+    max_num_seqs: int = 256
+    """Most sequences decoded together in one step."""
+    max_num_batched_tokens: int = 8192
+    """Most prompt tokens prefilled in one step."""
+    max_logprobs: int = 20
+    """Largest `logprobs` a request may ask for."""
+    dtype: str = "auto"
+    """Weights dtype: auto (= float32, what a CPU trainer computes in), float32, float16 or
+    bfloat16. The server runs on the CPU; on GPUs run the real `vllm serve`."""
+    num_threads: int = 1
+    """torch intra-op threads of this process (keep 1 when several processes share 2 cores)."""
+    allowed_lora_root: str | None = None
+    """Refuse adapter paths outside this directory (after resolving `..` and symlinks)."""
+    adapter_visibility_lag_s: float = 0.0
+    """Emulate a lagging bucket mount: a directory modified less than S seconds ago answers
+    'No adapter found' (404), as a replica that has not seen it yet."""
+    max_request_bytes: int = 16 * 2**20
+    """Largest request body accepted (413 above)."""
+
+    def __post_init__(self):
+        problems = []
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}")
+        if self.max_lora_rank not in VLLM_LORA_RANKS:
+            problems.append(f"max_lora_rank must be one of {VLLM_LORA_RANKS} (as in vLLM)")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {DTYPES}")
+        for name in ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_threads",
+                     "max_request_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0 <= self.port < 65536:
+            problems.append(f"port must be in 0..65535 (got {self.port})")
+        if self.adapter_visibility_lag_s < 0:
+            problems.append("adapter_visibility_lag_s must be >= 0")
+        if problems:
+            raise ValueError("invalid ServeConfig: " + "; ".join(problems))
+
+
+def _gate(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true")
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+class RolloutServer:
+    """The model, the engine, the adapters, and the aiohttp application in front of them."""
+
+    def __init__(self, config: ServeConfig, model=None, tokenizer=None):
+        import torch
+
+        from ..core.tiny_model import load_model_and_tokenizer, tiny_model_path
+
+        self.config = config
+        torch.set_num_threads(config.num_threads)
+        path = str(tiny_model_path(progress=False)) if config.model == "tiny" else config.model
+        dtype = torch.float32 if config.dtype == "auto" else getattr(torch, config.dtype)
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
+        self.model_path, self.tokenizer = path, tokenizer
+        self.base_name = config.served_model_name or config.model
+        self.dtype = next(model.parameters()).dtype
+        derived = getattr(model.config, "max_position_embeddings", None) or 2048
+        self.max_model_len = config.max_model_len or derived
+        if self.max_model_len > derived:
+            raise ValueError(f"max_model_len {self.max_model_len} is greater than the derived "
+                             f"max_model_len {derived} (max_position_embeddings)")
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
+        self.lora = (LoRARegistry(model, config.max_loras, config.max_lora_rank)
+                     if config.enable_lora else None)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.engine = Engine(model, eos_token_ids=eos if isinstance(eos, list) else [eos],
+                             max_model_len=self.max_model_len,
+                             logprobs_mode=config.logprobs_mode,
+                             max_num_seqs=config.max_num_seqs,
+                             max_num_batched_tokens=config.max_num_batched_tokens, lora=self.lora)
+        self.api_key = config.api_key or os.environ.get("VLLM_API_KEY") or None
+        self.dev_mode = _gate("VLLM_SERVER_DEV_MODE")
+        self.runtime_lora = _gate("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+        self.created = int(time.time())
+        self._token_text: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ app and middlewares
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_request_bytes,
+                              middlewares=[self._errors, self._auth])
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        if self.dev_mode:
+            app.router.add_get("/server_info", self.server_info)
+            app.router.add_post("/pause", self.pause)
+            app.router.add_post("/resume", self.resume)
+        if self.runtime_lora:
+            app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+            app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
+        app.on_startup.append(lambda _: self._start_engine())
+        app.on_cleanup.append(lambda _: self._stop_engine())
+        return app
+
+    async def _start_engine(self) -> None:
+        if not self.engine.started:
+            self.engine.start()
+
+    async def _stop_engine(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+
+    @web.middleware
+    async def _errors(self, request, handler):
+        """Every failure becomes the body a vLLM client expects; the server stays up."""
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return _json(error_body(exc.message, exc.err_type, exc.status, exc.param), exc.status)
+        except AdapterError as exc:
+            return _json(error_body(exc.message, exc.err_type, exc.status), exc.status)
+        except web.HTTPRequestEntityTooLarge as exc:
+            message = (f"The request body is larger than the server's limit of "
+                       f"{self.config.max_request_bytes} bytes ({exc.text}).")
+            return _json(error_body(message, "BadRequestError", 413), 413)
+        except web.HTTPException as exc:  # FastAPI's bodies for routing errors
+            if exc.status == 404:
+                return _json({"detail": "Not Found"}, 404)
+            if exc.status == 405:
+                return _json({"detail": "Method Not Allowed"}, 405)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or a dead engine: 500, never a crash
+            traceback.print_exc()
+            return _json(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500),
+                         500)
+
+    @web.middleware
+    async def _auth(self, request, handler):
+        if self.api_key and request.path != "/health":
+            given = request.headers.get("Authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return _json({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    @staticmethod
+    async def _json_body(request) -> object:
+        raw = await request.read()  # raises 413 above client_max_size
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise RequestError(f"Invalid JSON body: {exc}") from None
+
+    # ------------------------------------------------------------------ routes
+
+    async def health(self, request):
+        return web.Response(status=200 if self.engine.alive else 503)
+
+    async def models(self, request):
+        data = [model_card(self.base_name, self.model_path, None, self.max_model_len,
+                           self.created)]
+        for adapter in self.lora.adapters() if self.lora else []:
+            data.append(model_card(adapter.name, adapter.path, self.base_name, None,
+                                   int(adapter.loaded_at)))
+        return _json({"object": "list", "data": data})
+
+    def vllm_config(self) -> dict:
+        cfg = self.config
+        lora = None
+        if cfg.enable_lora:
+            lora = {"max_lora_rank": cfg.max_lora_rank, "max_loras": cfg.max_loras,
+                    "max_cpu_loras": None, "lora_dtype": "auto", "fully_sharded_loras": False}
+        return {
+            "model_config": {"model": self.model_path, "served_model_name": self.base_name,
+                             "tokenizer": self.model_path, "dtype": str(self.dtype),
+                             "max_model_len": self.max_model_len,
+                             "max_logprobs": cfg.max_logprobs, "logprobs_mode": cfg.logprobs_mode},
+            "parallel_config": {"data_parallel_size": 1, "tensor_parallel_size": 1,
+                                "pipeline_parallel_size": 1},
+            "scheduler_config": {"max_num_seqs": cfg.max_num_seqs,
+                                 "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                 "max_model_len": self.max_model_len},
+            "device_config": {"device": "cpu"},
+            "lora_config": lora,
+            "grpo_lab": {"engine": dict(self.engine.stats), "paused": self.engine.paused,
+                         **{k: v for k, v in asdict(cfg).items() if k != "api_key"}},
+        }
+
+    async def server_info(self, request):
+        fmt = request.query.get("config_format", "text")
+        if fmt not in ("text", "json"):
+            raise RequestError(f"config_format must be 'text' or 'json', got {fmt!r}.",
+                               param="config_format")
+        config = self.vllm_config()
+        return _json({"vllm_config": config if fmt == "json" else str(config)})
+
+    async def pause(self, request):
+        mode = request.query.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            raise RequestError(f"mode must be one of 'abort', 'wait', 'keep', got {mode!r}.",
+                               param="mode")
+        await asyncio.wrap_future(self.engine.pause(mode))
+        return _json({"status": "paused"})
+
+    async def resume(self, request):
+        self.engine.resume()
+        return _json({"status": "resumed"})
+
+    async def load_lora_adapter(self, request):
+        body = await self._json_body(request)
+        body = body if isinstance(body, dict) else {}
+        name, path = body.get("lora_name"), body.get("lora_path")
+        inplace = body.get("load_inplace", False)
+        for key, value in (("lora_name", name), ("lora_path", path)):
+            if value is not None and not isinstance(value, str):
+                raise RequestError(f"'{key}' must be a string.", param=key)
+        if not isinstance(inplace, bool):
+            raise RequestError("'load_inplace' must be a boolean.", param="load_inplace")
+        if not name or not path:
+            raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", 400,
+                               "InvalidUserInput")
+        if name == self.base_name:
+            raise RequestError(f"The lora adapter '{name}' conflicts with a served base model.",
+                               400, "InvalidUserInput")
+        if self.lora is None:
+            raise RequestError("LoRA is not enabled. Use --enable-lora to enable LoRA.", 500,
+                               "InternalServerError")
+        if name in self.lora and not inplace:
+            raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want "
+                               "to load the adapter in place, set 'load_inplace' to True.", 400,
+                               "InvalidUserInput")
+        adapter = await asyncio.get_running_loop().run_in_executor(None, lambda: read_adapter(
+            name, path, module_shapes=self.lora.module_shapes,
+            max_lora_rank=self.config.max_lora_rank, dtype=self.dtype,
+            allowed_root=self.config.allowed_lora_root,
+            visibility_lag_s=self.config.adapter_visibility_lag_s))
+        self.lora.add(adapter, replace=inplace)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora_adapter(self, request):
+        body = await self._json_body(request)
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if name is not None and not isinstance(name, str):
+            raise RequestError("'lora_name' must be a string.", param="lora_name")
+        if not name:
+            raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", 400,
+                               "InvalidUserInput")
+        if self.lora is None or self.lora.remove(name) is None:
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", 404,
+                               "NotFoundError")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    async def completions(self, request):
+        req = parse_completion_request(await self._json_body(request), self.config.max_logprobs)
+        adapter = None
+        if req.model and req.model != self.base_name:
+            adapter = self.lora.get(req.model) if self.lora else None
+            if adapter is None:
+                raise RequestError(f"The model `{req.model}` does not exist.", 404,
+                                   "NotFoundError", param="model")
+        prompt_ids = [p if isinstance(p, list) else
+                      self.tokenizer(p, add_special_tokens=req.add_special_tokens)["input_ids"]
+                      for p in req.prompts]
+        limit = 16 * self.config.max_num_seqs  # a bound on memory, far above any real request
+        if len(prompt_ids) * req.params.n > limit:
+            raise RequestError(f"The request asks for {len(prompt_ids) * req.params.n} "
+                               f"completions (prompts x n); the limit is {limit}.", param="n")
+        sequences = []
+        for ids in prompt_ids:
+            max_tokens = check_prompt(ids, req.max_tokens, self.max_model_len, self.vocab_size)
+            for i in range(req.params.n):
+                seed = None if req.params.seed is None else req.params.seed + i
+                params = {**vars(req.params), "max_tokens": max_tokens, "seed": seed}
+                sequences.append(Sequence(list(ids), type(req.params)(**params), adapter,
+                                          make_generator(seed)))
+        loop = asyncio.get_running_loop()
+        group = RequestGroup(sequences, loop, loop.create_future())
+        self.engine.submit(group)
+        try:
+            await group.future
+        except asyncio.CancelledError:  # the client went away: stop decoding its rows
+            self.engine.cancel(group)
+            raise
+        choices = [completion_choice(i, s, self.token_text,
+                                     self.tokenizer.decode(s.output_ids, skip_special_tokens=True),
+                                     req.return_token_ids) for i, s in enumerate(sequences)]
+        return _json(completion_response(req.model or self.base_name, choices,
+                                         sum(map(len, prompt_ids)),
+                                         sum(len(s.output_ids) for s in sequences)))
+
+
+async def _serve_forever(server: RolloutServer) -> None:
+    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, server.config.host, server.config.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"{READY_MARKER} http://{server.config.host}:{port} model={server.base_name} "
+          f"lora={server.config.enable_lora} dev_mode={server.dev_mode} "
+          f"runtime_lora_updating={server.runtime_lora}", flush=True)
+    await serve_until_signalled(runner)
+
+
+def serve(config: ServeConfig) -> None:
+    """Load the model and serve until SIGTERM or Ctrl-C."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
+    server = RolloutServer(config)
+    print(f"grpo-lab serve: model {server.model_path} ({server.dtype}), max_model_len "
+          f"{server.max_model_len}, logprobs_mode {config.logprobs_mode}", file=sys.stderr,
+          flush=True)
+    asyncio.run(_serve_forever(server))

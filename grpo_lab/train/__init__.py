@@ -1,0 +1,5 @@
+"""Stage 2, train: synchronous GRPO, one step after the other, full or LoRA.
+
+The trainer, token-budget micro-batches (packing) and `metrics.jsonl` with TRL's names.
+Taught by notebooks 01, 02 (LoRA) and 03 (the same run with TRL); packing in notebook 08.
+"""

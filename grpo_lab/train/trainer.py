@@ -1,0 +1,283 @@
+"""Synchronous GRPO in one process: generate, score, compute advantages, update, repeat.
+
+Each step follows the algorithm's four stages (DeepSeekMath, Algorithm 1):
+
+    Stage 1  sample G completions for each of `prompts_per_step` prompts, keeping their logprobs
+    Stage 2  score every completion with the reward function
+    Stage 3  turn rewards into group-relative advantages
+    Stage 4  `num_iterations` clipped-surrogate updates on that batch
+
+Works with full fine-tuning or a LoRA adapter (peft), on the tiny offline model or any causal LM.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core.config import GRPOConfig
+from ..core.evaluation import greedy_accuracy
+from ..core.generation import Completions, generate_completions
+from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
+from ..core.rewards import REWARDS
+from ..core.tasks import Problem, make_task
+from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
+from .metrics import MetricsLogger
+
+
+def pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists: (ids, mask), each (B, max_len)."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def pad_right(rows: list[list], pad) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad lists (token ids or logprobs): (values, mask), each (B, max_len)."""
+    width = max(max(map(len, rows)), 1)
+    values = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return values, mask
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts as tensors: B = prompts_per_step * G rows, prompt-major."""
+
+    prompt_ids: torch.Tensor  # (B, P) left padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, T) right padded
+    completion_mask: torch.Tensor  # (B, T)
+    old_logps: torch.Tensor  # (B, T) log-probs of the sampling policy
+    rewards: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,)
+
+    @classmethod
+    def from_completions(cls, out: Completions, rewards, advantages, pad_id: int) -> RolloutBatch:
+        prompt_ids, prompt_mask = pad_left(out.prompt_ids, pad_id)
+        completion_ids, completion_mask = pad_right(out.completion_ids, pad_id)
+        old_logps, _ = pad_right(out.logprobs, 0.0)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, old_logps.float(),
+                   rewards, advantages)
+
+    def to(self, device) -> RolloutBatch:
+        return RolloutBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+class GRPOTrainer:
+    """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records."""
+
+    def __init__(self, config: GRPOConfig, model=None, tokenizer=None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.task = make_task(config.task, config.difficulty, eval_size=config.eval_size)
+        self.reward_fn = REWARDS[config.reward]
+        self.max_new_tokens = config.max_new_tokens or self.task.max_answer_chars + 2
+        self.rng = random.Random(config.seed)  # prompt sampling
+        torch.manual_seed(config.seed)  # LoRA init and sampling
+
+        if model is None:
+            path = self.resolve_model_path(config)
+            model, tokenizer = load_model_and_tokenizer(path, device=config.device)
+        if tokenizer is None:
+            raise ValueError("pass the tokenizer together with the model")
+        self.tokenizer = tokenizer
+        self.model = self._prepare_model(model.to(config.device))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+        self.num_trainable = sum(p.numel() for p in params)
+        # A frozen copy is the KL reference for full fine-tuning; LoRA uses the disabled adapter.
+        self.ref_model = None
+        if config.beta > 0 and not config.use_lora:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+        self.step_count = 0
+        out = Path(config.output_dir) if config.output_dir else None
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            config.save(out / "config.json")
+        self.logger = MetricsLogger(out / "metrics.jsonl" if out else None)
+
+    @staticmethod
+    def resolve_model_path(config: GRPOConfig):
+        if config.model == "tiny":
+            return tiny_model_path(TinyModelRecipe(task=config.task, difficulty=config.difficulty),
+                                   progress=config.progress)
+        return config.model
+
+    def _prepare_model(self, model):
+        if not self.config.use_lora:
+            return model.train()
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=self.config.lora_rank,
+            lora_alpha=self.config.effective_lora_alpha,
+            target_modules="all-linear",
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora).train()
+
+    # ------------------------------------------------------------------ the algorithm
+
+    def make_batch(self, problems: list[Problem]) -> tuple[RolloutBatch, Completions]:
+        """Stages 1-3: sample, score, and compute advantages for a list of problems."""
+        G = self.config.num_generations
+        # Stage 1: G completions per prompt, with the sampling policy's per-token logprobs.
+        self.model.eval()
+        out = generate_completions(
+            self.model, self.tokenizer, [p.prompt for p in problems],
+            max_new_tokens=self.max_new_tokens, num_generations=G,
+            temperature=self.config.temperature,
+        )
+        self.model.train()
+        rewards, advantages = self.score(problems, out)
+        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
+        return batch.to(self.config.device), out
+
+    def score(self, problems: list[Problem], out: Completions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stages 2-3: (rewards, advantages), each (B,), for G completions per problem."""
+        G = self.config.num_generations
+        # Stage 2: rewards, one per completion (answers repeated G times, prompt-major).
+        answers = [p.answer for p in problems for _ in range(G)]
+        rewards = torch.tensor(self.reward_fn(out.texts, answer=answers), dtype=torch.float32)
+        # Stage 3: group-relative advantages.
+        advantages = group_advantages(rewards, G, scale_by_std=self.config.scale_rewards)
+        return rewards, advantages
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        if self.config.beta == 0:
+            return None
+        args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+                self.config.temperature)
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return policy_logprobs(self.ref_model, *args)
+            with self.model.disable_adapter():  # LoRA: the base model is the reference
+                return policy_logprobs(self.model, *args)
+
+    def optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        """Stage 4: `num_iterations` clipped-surrogate updates on one batch."""
+        ref_logps = self.reference_logprobs(batch)
+        metrics: dict[str, float] = {}
+        for _ in range(self.config.num_iterations):
+            logps = policy_logprobs(self.model, batch.prompt_ids, batch.prompt_mask,
+                                    batch.completion_ids, batch.completion_mask,
+                                    self.config.temperature)
+            loss, metrics = grpo_loss(
+                logps, batch.old_logps, batch.advantages, batch.completion_mask,
+                loss_type=self.config.loss_type, epsilon_low=self.config.epsilon_low,
+                epsilon_high=self.config.epsilon_high, beta=self.config.beta,
+                ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
+            )
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
+            )
+            for group in self.optimizer.param_groups:  # stateless: resumes need no extra state
+                group["lr"] = self.config.learning_rate_at(self.step_count)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics.update(loss=loss.item(), grad_norm=float(grad_norm))
+        return metrics
+
+    def step(self) -> dict[str, float]:
+        """One GRPO step on fresh prompts; returns its metrics."""
+        start = time.perf_counter()
+        problems = self.task.sample_batch(self.rng, self.config.prompts_per_step)
+        batch, out = self.make_batch(problems)
+        generated = time.perf_counter()
+        metrics = self.optimize(batch)
+        done = time.perf_counter()
+        self.step_count += 1
+        metrics.update(step=self.step_count, **rollout_metrics(batch.rewards, out,
+                                                               self.config.num_generations))
+        metrics.update({"perf/generate_s": generated - start,
+                        "perf/fwd_bwd_s": done - generated,
+                        "perf/step_s": done - start})
+        return metrics
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the task's fixed held-out set."""
+        return greedy_accuracy(self.model, self.tokenizer, self.task.eval_set(),
+                               max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn)
+
+    def train(self, steps: int | None = None, callback=None) -> list[dict]:
+        """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after."""
+        steps = steps or self.config.steps
+        cfg = self.config
+        if self.step_count == 0:
+            self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
+        last = self.step_count + steps
+        bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress)
+        self.start_steps()
+        try:
+            for _ in range(steps):
+                record = self.step()
+                if (cfg.eval_every and record["step"] % cfg.eval_every == 0) or record["step"] == last:
+                    record["eval/accuracy"] = self.evaluate()
+                self.logger.log(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward']:.2f}",
+                                acc=f"{record.get('eval/accuracy', float('nan')):.2f}")
+                if record["step"] % cfg.log_every == 0:
+                    bar.write(format_step(record, last))
+                if callback is not None:
+                    callback(record)
+        finally:
+            self.stop_steps()
+            bar.close()
+        if cfg.output_dir:
+            self.save(Path(cfg.output_dir) / ("adapter" if cfg.use_lora else "model"))
+        return self.logger.records
+
+    def start_steps(self) -> None:
+        """Called by `train()` after the initial evaluation, before the first step (no-op here)."""
+
+    def stop_steps(self) -> None:
+        """Called by `train()` after the last step, even on error (no-op here)."""
+
+    @property
+    def accuracy_history(self) -> list[tuple[int, float]]:
+        return [(r["step"], r["eval/accuracy"]) for r in self.logger.records if "eval/accuracy" in r]
+
+    def save(self, path: str | Path) -> Path:
+        """The adapter (adapter_config.json + adapter_model.safetensors) or the full model."""
+        path = Path(path)
+        self.model.save_pretrained(path)
+        if not self.config.use_lora:
+            self.tokenizer.save_pretrained(path)
+        return path
+
+
+def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int) -> dict[str, float]:
+    """Reward and completion metrics of one step's rollouts (TRL's names)."""
+    grouped = rewards.view(-1, group_size)
+    return {
+        "reward": rewards.mean().item(),
+        "reward_std": rewards.std().item(),
+        "frac_reward_zero_std": (grouped.std(dim=1) == 0).float().mean().item(),
+        "completions/mean_length": out.num_tokens / len(out),
+        "completions/clipped_ratio": out.finish_reasons.count("length") / len(out),
+    }
+
+
+LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")
+
+
+def format_step(record: dict, total_steps: int) -> str:
+    """`[step 3/200] reward=0.438 reward_std=... ` with the same keys on every line."""
+    parts = [f"[step {record['step']}/{total_steps}]"]
+    parts += [f"{k.split('/')[-1]}={record[k]:.3f}" for k in LOG_KEYS if k in record]
+    if "eval/accuracy" in record:
+        parts.append(f"eval_acc={record['eval/accuracy']:.3f}")
+    return " ".join(parts)
