@@ -1,0 +1,178 @@
+"""The package's layout, read statically (ast, nothing of grpo_lab is imported but its __init__).
+
+One folder per stage of the course, in the order of `grpo_lab.STAGES`. Checked here:
+- no import cycle between grpo_lab's modules. Every import counts, the ones inside functions
+  too: no deliberate lazy import closes a cycle today, so none may start one;
+- no module imports a stage that comes after its own;
+- every import of grpo_lab (in the package, tests, benchmarks and the notebooks' code cells)
+  names a module or package that exists, and every `-m grpo_lab...` command can run;
+- the folders are exactly the stages, the stages' __init__ files import nothing, and no module
+  is longer than MAX_LINES.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import grpo_lab
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "grpo_lab"
+STAGES = grpo_lab.STAGES
+MAX_LINES = 350
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+PACKAGES = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: grpo_lab itself
+
+
+def _imports(tree: ast.AST, module: str | None) -> list[tuple[str, int]]:
+    """(grpo_lab module or package imported, line) for every import in the tree, wherever it
+    stands; `module` resolves relative imports (None: outside the package)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "grpo_lab"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert module is not None, f"relative import outside the package, line {node.lineno}"
+                package = module if module in PACKAGES else module.rsplit(".", 1)[0]
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "grpo_lab":
+                target = node.module
+            else:
+                continue
+            # `from grpo_lab.core import grpo_loss` imports the module grpo_lab.core.grpo_loss
+            submodules = [f"{target}.{a.name}" for a in node.names
+                          if f"{target}.{a.name}" in MODULES]
+            found += [(m, node.lineno) for m in submodules]
+            if len(submodules) < len(node.names):
+                found.append((target, node.lineno))
+    return found
+
+
+def _graph() -> dict[str, list[tuple[str, int]]]:
+    return {name: _imports(ast.parse(path.read_text()), name) for name, path in MODULES.items()}
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_folders_are_the_stages():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(STAGES), f"folders {sorted(folders)} vs grpo_lab.STAGES {STAGES}"
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside a stage folder: {loose}"
+    for stage in STAGES:
+        init = PACKAGE / stage / "__init__.py"
+        assert init.is_file(), f"{stage}/ is not a package"
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree), f"{stage}/__init__.py: say what the stage is"
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], (
+            f"{stage}/__init__.py imports something: keep importing a stage free")
+    doc = grpo_lab.__doc__
+    rows = [doc.find(f"\n    {stage}/ ") for stage in STAGES]
+    assert -1 not in rows and rows == sorted(rows), "grpo_lab's docstring lists the stages in order"
+
+
+def test_no_import_cycle():
+    graph = {m: [t for t, _ in imports] for m, imports in _graph().items()}
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_stage_imports_a_later_stage():
+    order = {stage: i for i, stage in enumerate(STAGES)}
+    bad = []
+    for module, imports in _graph().items():
+        stage = _stage(module)
+        for target, line in imports:
+            later = _stage(target)
+            if later in order and (stage is None or order[later] > order[stage]):
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line} ({stage}) imports "
+                           f"{target} ({later})")
+    assert not bad, "a stage imports a later one (order: " + ", ".join(STAGES) + "):\n" + "\n".join(bad)
+
+
+def _outside_sources():
+    """(label, tree) for tests, benchmarks and the notebooks' code cells."""
+    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+        yield str(path.relative_to(ROOT)), ast.parse(path.read_text())
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                source = "".join(cell["source"])
+                source = re.sub(r"^\s*[%!].*$", "", source, flags=re.M)  # magics and shell
+                yield f"{path.name} cell {i}", ast.parse(source)
+
+
+def test_every_import_of_grpo_lab_exists():
+    known = set(MODULES)
+    missing = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+               for m, imports in _graph().items() for t, line in imports if t not in known]
+    for label, tree in _outside_sources():
+        missing += [f"{label}:{line} imports {t}" for t, line in _imports(tree, None)
+                    if t not in known]
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def _runs_as_main(module: str) -> bool:
+    if module in PACKAGES:
+        return f"{module}.__main__" in MODULES
+    return module in MODULES and '__name__ == "__main__"' in MODULES[module].read_text()
+
+
+def test_every_python_dash_m_command_can_run():
+    """`[..., "-m", "grpo_lab.cli", ...]` in code and `-m grpo_lab.x` in text name a runnable
+    module."""
+    commands = []
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"),
+               *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "docs").glob("*.md"),
+               ROOT / "README.md", ROOT / "Makefile", *(ROOT / "notebooks").glob("*.ipynb")]
+    for path in sources:
+        if path.name != Path(__file__).name:
+            found = re.findall(r'-m\\?"?,?\s*\\?"?(grpo_lab[\w.]*)', path.read_text())
+            commands += [(path.name, m.rstrip(".")) for m in found]
+    assert commands, "the pattern finds no command: fix the test"
+    bad = sorted({f"{name}: -m {m}" for name, m in commands if not _runs_as_main(m)})
+    assert not bad, "commands that cannot run:\n" + "\n".join(bad)
+
+
+def test_modules_stay_short():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by role): {long}"
