@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from grpo_lab.bucket.adapters import AdapterBucket  # noqa: E402
 from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
 from grpo_lab.rollout.http_generator import HTTPGenerator  # noqa: E402
-from grpo_lab.serving.server import start_server_process  # noqa: E402
+from grpo_lab.serving.process import start_server_process  # noqa: E402
 
 GOALS = {"publish_load_p50_s": 0.2, "rank1_fraction_pct": 1.0}
 

@@ -38,7 +38,7 @@ from grpo_lab.core.generation import sampling_config  # noqa: E402
 from grpo_lab.core.tasks import make_task  # noqa: E402
 from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
 from grpo_lab.serving.client import InferenceClient  # noqa: E402
-from grpo_lab.serving.server import start_server_process  # noqa: E402
+from grpo_lab.serving.process import start_server_process  # noqa: E402
 
 GOALS = {"speedup_64_vs_1": 4.0, "vs_generate_at_64": 0.7}
 

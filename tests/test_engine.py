@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from grpo_lab.core.grpo_loss import policy_logprobs
-from grpo_lab.serving.engine import Engine, RequestGroup, Sequence, generate_sync, make_generator
+from grpo_lab.serving.engine import Engine, generate_sync
 from grpo_lab.serving.lora_registry import LoRARegistry, read_adapter
+from grpo_lab.serving.requests import RequestGroup, Sequence, make_generator
 from grpo_lab.serving.sampling import SamplingParams, min_p_filter, sample, top_k_top_p_filter
 from grpo_lab.train.trainer import pad_left, pad_right
 

@@ -12,7 +12,7 @@ from grpo_lab.bucket.adapters import AdapterBucket
 from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.rollout.generators import Generator
 from grpo_lab.rollout.http_generator import HTTPGenerator
-from grpo_lab.serving.server import start_server_process
+from grpo_lab.serving.process import start_server_process
 from grpo_lab.train.trainer import pad_left, pad_right
 
 

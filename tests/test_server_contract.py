@@ -1,6 +1,6 @@
 """docs/serving-api.md, checked against `grpo-lab serve` running as a real process.
 
-One server serves the whole module (started through `grpo_lab.serving.server.start_server_process`, the
+One server serves the whole module (started through `grpo_lab.serving.process.start_server_process`, the
 helper notebooks and the launcher use): LoRA on, rank <= 8, 4 adapters per batch, processed
 logprobs, an API key, an allowed LoRA root, a 2 s emulated mount lag, a 100 kB body limit and
 max_model_len 32 (so that the length rule is easy to hit). Variants that need other environment
@@ -21,7 +21,9 @@ import torch
 
 from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.serving.client import BlockingClient, ServerError
-from grpo_lab.serving.server import RolloutServer, ServeConfig, start_server_process
+from grpo_lab.serving.config import ServeConfig
+from grpo_lab.serving.process import start_server_process
+from grpo_lab.serving.server import RolloutServer
 from grpo_lab.train.trainer import pad_left, pad_right
 
 KEY = "test-key"

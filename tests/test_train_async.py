@@ -15,7 +15,7 @@ import pytest
 
 from grpo_lab.cli.main import build_parser
 from grpo_lab.jobs.plan import recipe_plan
-from grpo_lab.serving.server import start_server_process
+from grpo_lab.serving.process import start_server_process
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.
 SMALL = ["--prompts-per-step", "4", "--num-generations", "4", "--eval-size", "32",

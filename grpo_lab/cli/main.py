@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     nb.add_argument("name", help="number or name, e.g. 01")
     nb.add_argument("--output-dir", default=None, help="where the executed copy goes")
 
-    from ..serving.server import ServeConfig
+    from ..serving.config import ServeConfig
 
     serve = sub.add_parser("serve", help="an inference server speaking vLLM's HTTP contract "
                            "(env gates: VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return launch_main(args)
         elif args.command == "serve":
-            from ..serving.server import ServeConfig, serve
+            from ..serving.config import ServeConfig
+            from ..serving.server import serve
 
             serve(config_from_args(args, ServeConfig))
         elif args.command == "proxy":

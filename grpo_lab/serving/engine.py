@@ -16,83 +16,28 @@ adapter's delta to one contiguous slice. The KV cache is an ordinary transformer
 whose rows we select, left pad and concatenate when the batch changes.
 
 The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
-sequences each) and awaits their asyncio futures. `pause` supports vLLM's three modes.
+sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports
+vLLM's three modes. Selecting and merging the batch's rows is in grpo_lab.serving.batch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import inspect
-import random
 import threading
-from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from .lora_registry import LoRAAdapter, LoRARegistry
-from .sampling import SamplingParams, sample
+from .batch import RunningBatch
+from .lora_registry import LoRARegistry
+from .requests import RequestGroup, Sequence
+from .sampling import sample
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
-@dataclass(eq=False)
-class Sequence:
-    """One completion being generated (child `index` of a request with n completions)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    adapter: LoRAAdapter | None
-    generator: torch.Generator
-    group: RequestGroup | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop token id, when one ended it
-    seen: torch.Tensor | None = None  # (V,) bool, only with a repetition penalty
-
-    @property
-    def adapter_key(self) -> int:
-        return self.adapter.id if self.adapter is not None else 0
-
-
-class RequestGroup:
-    """The sequences of one request; its asyncio future resolves when all have finished."""
-
-    def __init__(self, sequences: list[Sequence], loop=None, future=None):
-        self.sequences = sequences
-        self.loop, self.future = loop, future
-        self.cancelled = False  # set by the server when the client goes away
-        self.error: BaseException | None = None
-        self._left = len(sequences)
-        for seq in sequences:
-            seq.group = self
-
-    def _finished_one(self) -> None:
-        self._left -= 1
-        if self._left == 0:
-            self._resolve()
-
-    def _resolve(self) -> None:
-        if self.future is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._set_future)
-
-    def _set_future(self) -> None:
-        if not self.future.done():
-            if self.error is not None:
-                self.future.set_exception(self.error)
-            else:
-                self.future.set_result(self)
-
-
-def make_generator(seed: int | None) -> torch.Generator:
-    """A per-sequence generator; unseeded sequences get a fresh random seed."""
-    seed = random.SystemRandom().getrandbits(63) if seed is None else seed
-    return torch.Generator().manual_seed(seed % 2**64)
-
-
-class Engine:
+class Engine(RunningBatch):
     """Owns the model; `submit` request groups from any thread; `start` runs the loop thread."""
 
     def __init__(self, model, *, eos_token_ids: list[int], max_model_len: int,
@@ -273,43 +218,6 @@ class Engine:
                     self._finish(s, "abort")
             self._select_rows(keep)
 
-    # ------------------------------------------------------------------ batch bookkeeping
-
-    def _reset_batch(self) -> None:
-        self._rows, self._cache = [], None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
-        self._next = torch.zeros(0, dtype=torch.long)
-
-    def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self._cache.layers]
-
-    def _select_rows(self, keep: list[int]) -> None:
-        """Keep these rows (in this order) and cut leading columns that are padding for all."""
-        if not keep:
-            self._reset_batch()
-            return
-        index = torch.tensor(keep)
-        self._rows = [self._rows[i] for i in keep]
-        mask = self._mask.index_select(0, index)
-        start = int((mask.sum(0) > 0).long().argmax())  # first column holding a real token
-        self._mask = mask[:, start:]
-        self._next = self._next.index_select(0, index)
-        self._cache = DynamicCache(ddp_cache_data=[(k.index_select(0, index)[:, :, start:],
-                                                    v.index_select(0, index)[:, :, start:])
-                                                   for k, v in self._kv()])
-
-    def _segments(self, rows: list[Sequence]) -> list[tuple[LoRAAdapter, int, int]]:
-        """Contiguous runs of rows under the same adapter (rows are sorted by adapter)."""
-        segments: list[tuple[LoRAAdapter, int, int]] = []
-        for i, seq in enumerate(rows):
-            if seq.adapter is None:
-                continue
-            if segments and segments[-1][0] is seq.adapter and segments[-1][2] == i:
-                segments[-1] = (seq.adapter, segments[-1][1], i + 1)
-            else:
-                segments.append((seq.adapter, i, i + 1))
-        return segments
-
     def _forward(self, rows, input_ids, attention_mask, position_ids, cache):
         """(B, T) ids -> (B, V) logits of the last position, with each row's adapter."""
         if self.lora is not None:
@@ -349,32 +257,6 @@ class Engine:
                   ((layer.keys, layer.values) for layer in cache.layers)]
         self._merge([seqs[i] for i in alive], new_kv, mask.index_select(0, index),
                     tokens.index_select(0, index))
-
-    def _merge(self, seqs, kv, mask, next_tokens) -> None:
-        """Append new rows to the running batch, left padding the shorter side, sorted by adapter."""
-        if not self._rows:
-            rows, all_kv, all_mask, all_next = seqs, kv, mask, next_tokens
-        else:
-            old_kv, L_old, L_new = self._kv(), self._mask.shape[1], mask.shape[1]
-            L = max(L_old, L_new)
-
-            def pad(t, n):  # left pad dim -2 (keys/values) or -1 (mask) with n zeros
-                return torch.nn.functional.pad(t, (0, 0, n, 0) if t.dim() == 4 else (n, 0))
-
-            all_kv = [(torch.cat([pad(ko, L - L_old), pad(kn, L - L_new)]),
-                       torch.cat([pad(vo, L - L_old), pad(vn, L - L_new)]))
-                      for (ko, vo), (kn, vn) in zip(old_kv, kv, strict=True)]
-            all_mask = torch.cat([pad(self._mask, L - L_old), pad(mask, L - L_new)])
-            all_next = torch.cat([self._next, next_tokens])
-            rows = self._rows + seqs
-        order = sorted(range(len(rows)), key=lambda i: rows[i].adapter_key)  # stable
-        index = torch.tensor(order)
-        self._rows = [rows[i] for i in order]
-        self._cache = DynamicCache(ddp_cache_data=[(k.index_select(0, index),
-                                                    v.index_select(0, index)) for k, v in all_kv])
-        self._mask = all_mask.index_select(0, index)
-        self._next = all_next.index_select(0, index)
-        self.stats["max_batch"] = max(self.stats["max_batch"], len(self._rows))
 
     def _decode_step(self) -> None:
         """Feed every running row its last sampled token; sample the next; retire finished rows."""

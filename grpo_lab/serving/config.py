@@ -1,0 +1,78 @@
+"""The flags of `grpo-lab serve` (grpo_lab.serving.server): one dataclass, named like vLLM's.
+
+Each field's docstring is its `--flag`'s help (grpo_lab.cli.flags); a bad value fails when the
+config is built, before a model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling import LOGPROBS_MODES
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts for max_lora_rank
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class ServeConfig:
+    """Flags of `grpo-lab serve` (named like vLLM's); MODEL is the positional argument."""
+
+    model: str = "tiny"
+    """Hub id or local path of the base model; `tiny` = the offline tiny model (addition)."""
+    served_model_name: str | None = None
+    """Name of the base model in requests and /v1/models (default: MODEL as given)."""
+    host: str = "127.0.0.1"
+    """Interface to bind (127.0.0.1 = this machine only)."""
+    port: int = 8000
+    """TCP port (0 = any free port; the chosen one is printed)."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every route but /health (default: $VLLM_API_KEY)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (loaded at runtime with /v1/load_lora_adapter)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted; one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (as vLLM)."""
+    max_loras: int = 1
+    """Most distinct adapters decoded in one batch (requests under others wait their turn)."""
+    max_model_len: int | None = None
+    """Prompt + completion token limit (default: the model's max_position_embeddings)."""
+    logprobs_mode: str = "raw_logprobs"
+    """`raw_logprobs` (before any processing) or `processed_logprobs` (after penalties,
+    temperature, min_p, top-k and top-p: what a GRPO trainer computes)."""
+    max_num_seqs: int = 256
+    """Most sequences decoded together in one step."""
+    max_num_batched_tokens: int = 8192
+    """Most prompt tokens prefilled in one step."""
+    max_logprobs: int = 20
+    """Largest `logprobs` a request may ask for."""
+    dtype: str = "auto"
+    """Weights dtype: auto (= float32, what a CPU trainer computes in), float32, float16 or
+    bfloat16. The server runs on the CPU; on GPUs run the real `vllm serve`."""
+    num_threads: int = 1
+    """torch intra-op threads of this process (keep 1 when several processes share 2 cores)."""
+    allowed_lora_root: str | None = None
+    """Refuse adapter paths outside this directory (after resolving `..` and symlinks)."""
+    adapter_visibility_lag_s: float = 0.0
+    """Emulate a lagging bucket mount: a directory modified less than S seconds ago answers
+    'No adapter found' (404), as a replica that has not seen it yet."""
+    max_request_bytes: int = 16 * 2**20
+    """Largest request body accepted (413 above)."""
+
+    def __post_init__(self):
+        problems = []
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}")
+        if self.max_lora_rank not in VLLM_LORA_RANKS:
+            problems.append(f"max_lora_rank must be one of {VLLM_LORA_RANKS} (as in vLLM)")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {DTYPES}")
+        for name in ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_threads",
+                     "max_request_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0 <= self.port < 65536:
+            problems.append(f"port must be in 0..65535 (got {self.port})")
+        if self.adapter_visibility_lag_s < 0:
+            problems.append("adapter_visibility_lag_s must be >= 0")
+        if problems:
+            raise ValueError("invalid ServeConfig: " + "; ".join(problems))
