@@ -56,7 +56,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
 from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches  # noqa: E402
 from grpo_lab.train.trainer import RolloutBatch, pad_left, pad_right  # noqa: E402
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from grpo_lab.core.generation import generate_completions
-from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
+from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.generators import Generator, LocalGenerator, sample_from_ids, trainable_state
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,

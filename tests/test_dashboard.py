@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from grpo_lab.observe.dashboard import Dashboard, diagnose, plot_pipeline
+from grpo_lab.observe.dashboard import Dashboard
+from grpo_lab.observe.diagnose import diagnose
+from grpo_lab.observe.plots import plot_pipeline
 from grpo_lab.train.metrics import MetricsLogger
 
 

@@ -70,7 +70,8 @@ def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_pat
 
 
 def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer):
-    from grpo_lab.rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
+    from grpo_lab.rollout.config import AsyncGRPOConfig
 
     torch.set_num_threads(1)
     model, tokenizer = tiny_model_and_tokenizer

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from grpo_lab.cli.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
-from grpo_lab.rollout.async_trainer import AsyncGRPOConfig
+from grpo_lab.rollout.config import AsyncGRPOConfig
 
 
 def test_demo_jobs_local_gains_at_least_15_points(tmp_path):

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
                       "folder) as local processes; none: synchronous GRPO in this process")
     demo.add_argument("--replicas", type=int, default=2, help="inference replicas (--jobs local)")
-    from ..rollout.async_trainer import AsyncGRPOConfig
+    from ..rollout.config import AsyncGRPOConfig
 
     add_config_flags(demo, AsyncGRPOConfig, defaults={"log_every": 20, "output_dir": None})
 

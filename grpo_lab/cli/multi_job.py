@@ -26,8 +26,9 @@ from pathlib import Path
 
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
-from ..observe.dashboard import plot_pipeline, proxy_stats
-from ..rollout.async_trainer import AsyncGRPOConfig
+from ..observe.dashboard import proxy_stats
+from ..observe.plots import plot_pipeline
+from ..rollout.config import AsyncGRPOConfig
 from ..train.metrics import plot_training, read_metrics
 from .flags import config_from_args
 

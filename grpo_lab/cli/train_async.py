@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints
-from ..rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from ..rollout.async_trainer import AsyncGRPOTrainer
+from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import HTTPGenerator
 from ..train.metrics import read_metrics
 from .flags import add_config_flags, config_from_args

@@ -1,19 +1,14 @@
-"""Watch an asynchronous run: a live panel in a notebook, a text line elsewhere, and plots.
+"""Watch an asynchronous run: a live panel in a notebook, a text line elsewhere.
 
     dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))
     trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
     dash.follow(run_dir, until=lambda: not run.running("trainer"))
-    plot_pipeline(run_dir); diagnose(read_metrics(run_dir)).verdict
 
 In a notebook `Dashboard` shows an ipywidgets panel (a status line and a matplotlib picture,
-redrawn at most every `min_interval_s`); elsewhere it prints the status line instead.
-
-`diagnose` applies docs/recipe.md's rule ("Reading the pipeline"):
-    full queue  + zero wait   + high backpressure  = the trainer is too slow
-    empty queue + rising wait + no backpressure    = generation is too slow
-Generation is held back by a full buffer (`rollout/backpressure_s`) or, in grpo_lab's async
-trainer, by the admission rule that keeps samples within max_staleness
-(`rollout/version_wait_s`): both mean generation is ahead, so both count as backpressure.
+redrawn at most every `min_interval_s`); elsewhere it prints the status line instead. The
+status line carries `diagnose`'s verdict (grpo_lab.observe.diagnose); the picture's lower half
+is `draw_pipeline` (grpo_lab.observe.plots), which also draws a finished run:
+`plot_pipeline(run_dir)`.
 """
 
 from __future__ import annotations
@@ -25,80 +20,23 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
-from ..train.metrics import moving_average, read_metrics, series
-
-QUEUE, QUEUE_MAX = "sample/rollout_queue_size", "sample/rollout_queue_maxsize"
-WAIT, BACKPRESSURE = "perf/rollout_wait_s", "rollout/backpressure_s"
-VERSION_WAIT = "rollout/version_wait_s"
-INFLIGHT = "rollout/inflight"
-STEP, FWD_BWD, SYNC = "perf/step_s", "perf/fwd_bwd_s", "perf/weight_sync_s"
-STALE_MEAN, STALE_MAX = "sample/staleness_mean", "sample/staleness_max"
-
-
-class Diagnosis(NamedTuple):
-    bottleneck: str
-    """`trainer`, `generation`, `balanced`, or `unknown` (no queue metrics)."""
-    verdict: str
-    """One sentence, with the numbers that decided it."""
-    numbers: dict
-    """steps, queue_fill, rollout_wait_s, wait_share, wait_slope_s, backpressure_s,
-    version_wait_s, held_back_share, fwd_bwd_share (per-step means or shares of step time,
-    over the window)."""
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Least-squares slope of ys against xs (0 for fewer than 2 points)."""
-    if len(xs) < 2:
-        return 0.0
-    mx, my = _mean(xs), _mean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-
-
-def diagnose(records: Iterable[dict], window: int = 20, *, full: float = 0.75,
-             empty: float = 0.25, idle: float = 0.05, busy: float = 0.2) -> Diagnosis:
-    """Which side of the rollout buffer holds the run back, over the last `window` steps.
-
-    `full`/`empty`: queue fill (size / max size) that counts as full / empty. Waits are compared
-    to the step time: a share under `idle` is "zero" / "no", a share over `busy` is "high".
-    """
-    rows = [r for r in records if r.get(QUEUE_MAX) and STEP in r][-window:]
-    if not rows:
-        return Diagnosis("unknown", "no pipeline metrics yet (a synchronous run has no queue)", {})
-    step_time = sum(r[STEP] for r in rows) or 1e-9
-    waits = [r.get(WAIT, 0.0) for r in rows]
-    n = {
-        "steps": len(rows),
-        "queue_fill": _mean([r[QUEUE] / r[QUEUE_MAX] for r in rows]),
-        "rollout_wait_s": _mean(waits),
-        "wait_share": sum(waits) / step_time,
-        "wait_slope_s": _slope([r.get("step", i) for i, r in enumerate(rows)], waits),
-        "backpressure_s": _mean([r.get(BACKPRESSURE, 0.0) for r in rows]),
-        "version_wait_s": _mean([r.get(VERSION_WAIT, 0.0) for r in rows]),
-        "held_back_share": sum(r.get(BACKPRESSURE, 0.0) + r.get(VERSION_WAIT, 0.0)
-                               for r in rows) / step_time,
-        "fwd_bwd_share": sum(r.get(FWD_BWD, 0.0) for r in rows) / step_time,
-    }
-    facts = (f"queue {n['queue_fill']:.0%} full, trainer waits {n['rollout_wait_s']:.2f} s/step "
-             f"({n['wait_share']:.0%} of a step), generation held back "
-             f"{n['backpressure_s'] + n['version_wait_s']:.2f} s/step ({n['held_back_share']:.0%})")
-    if n["queue_fill"] >= full and n["wait_share"] <= idle and n["held_back_share"] >= busy:
-        return Diagnosis("trainer", f"trainer too slow: {facts}. Generation is throttled by a "
-                         "full buffer; speed up the step (packing, no gradient checkpointing) "
-                         "before adding replicas.", n)
-    rising = n["wait_share"] >= busy or (n["wait_slope_s"] > 0 and n["wait_share"] > idle)
-    if n["queue_fill"] <= empty and rising and n["held_back_share"] <= idle:
-        return Diagnosis("generation", f"generation too slow: {facts}. The trainer starves; "
-                         "add replicas or lift the client's cap on in-flight requests.", n)
-    return Diagnosis("balanced", f"neither side clearly waits for the other: {facts}.", n)
+from ..train.metrics import moving_average, series
+from .diagnose import (
+    BACKPRESSURE,
+    INFLIGHT,
+    QUEUE,
+    QUEUE_MAX,
+    STALE_MAX,
+    STALE_MEAN,
+    STEP,
+    SYNC,
+    WAIT,
+    diagnose,
+)
+from .plots import draw_pipeline
 
 
 def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> dict:
@@ -124,43 +62,6 @@ def in_notebook() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def _plot(ax, records, keys, title, styles=("-", "-", "--")):
-    for key, style in zip(keys, styles):
-        xs, ys = series(records, key)
-        if xs:
-            ax.plot(xs, ys, style, label=key.split("/")[-1])
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
-
-
-def draw_pipeline(fig, records: list[dict]) -> None:
-    """The pipeline panels of `plot_pipeline` into `fig` (2 x 3 axes)."""
-    axes = fig.subplots(2, 3).ravel()
-    _plot(axes[0], records, (STEP, FWD_BWD), "step time (s)")
-    _plot(axes[1], records, (WAIT, BACKPRESSURE), "rollout wait vs backpressure (s)")
-    _plot(axes[2], records, (QUEUE, QUEUE_MAX), "rollout queue size vs max", ("-", "--"))
-    _plot(axes[3], records, (STALE_MEAN, STALE_MAX), "staleness (versions)")
-    _plot(axes[4], records, (SYNC,), "weight sync (s)")
-    _plot(axes[5], records, ("rollout/generated_tok_s",), "generated tokens / s")
-    for ax in axes[3:]:
-        ax.set_xlabel("step", fontsize=8)
-
-
-def plot_pipeline(run: str | Path | list[dict], title: str | None = None):
-    """The recipe's pipeline metrics from a run folder (its metrics.jsonl) or a list of
-    records; the diagnosis is the title. Returns the figure."""
-    import matplotlib.pyplot as plt
-
-    records = run if isinstance(run, list) else read_metrics(run)
-    fig = plt.figure(figsize=(13, 6))
-    draw_pipeline(fig, records)
-    fig.suptitle(title or diagnose(records).verdict, fontsize=9, wrap=True)
-    fig.tight_layout()
-    return fig
 
 
 class Dashboard:

@@ -11,8 +11,8 @@ The knobs it turns:
     server_url          one replica, or the proxy in front of N replicas     (generation side)
     token_budget        forward tokens per micro-batch: the number of passes (trainer side)
     weight_sync_steps   optimizer steps per weight sync                      (both: staleness)
-and `diagnose` (grpo_lab.observe.dashboard) says which side holds the run back. `summarize` turns a run
-into one row of numbers; `plot_runs` draws the runs side by side.
+and `diagnose` (grpo_lab.observe.diagnose) says which side holds the run back. `summarize` turns
+a run into one row of numbers; `plot_runs` draws the runs side by side.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
-from ..rollout.async_trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from ..rollout.async_trainer import AsyncGRPOTrainer
+from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import HTTPGenerator
-from .dashboard import (
+from .diagnose import (
     BACKPRESSURE,
     FWD_BWD,
     INFLIGHT,

@@ -6,21 +6,22 @@
 The trainer talks to the proxy as to one vLLM server (docs/serving-api.md, "The proxy in front
 of several replicas"; docs/recipe.md, "The proxy"):
 
-    POST /v1/completions, /v1/chat/completions  each prompt to one replica (grpo_lab.proxy.router);
+    POST /v1/completions, /v1/chat/completions  each prompt to one replica (proxy/router.py);
                                                 the answer names it in `X-Proxy-Upstream`
     POST /pause, /resume                        sent to every replica in routing
-    POST /v1/load_lora_adapter                  every replica in routing or none (grpo_lab.proxy.broadcast)
-    POST /v1/unload_lora_adapter                every replica
+    POST /v1/load_lora_adapter                  every replica in routing or none (broadcast.py)
+    POST /v1/unload_lora_adapter                every replica in routing
     GET  /health                                200 only if every replica answers 200
     GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
     GET  /proxy/stats                           the counters below, as JSON
 
 Routing. Each prompt is routed on its token ids; text and chat prompts on the ids of
-`--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched request
-is routed prompt by prompt: split across the replicas, and the choices merged back in prompt
-order with `index` renumbered (the reference proxy routed a batch on its first prompt). A
-streamed request goes whole to the replica of its first prompt. These completion routes are
-in grpo_lab.proxy.completions.
+`--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched
+request is routed prompt by prompt: split across the replicas, and the choices merged back in
+prompt order with `index` renumbered (the reference proxy routed a batch on its first prompt).
+A streamed request goes whole to the replica of its first prompt. These completion routes are
+in grpo_lab.proxy.completions; the others (broadcasts, health, info, stats) in
+grpo_lab.proxy.control.
 
 Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
 400 (bad JSON, a missing or malformed prompt), 404 (unknown route), 413 (body over
@@ -30,13 +31,13 @@ flight), 504 (no answer in time). Replicas' own answers (a 400, a 404 model) pas
 calls every replica's /health every `health_interval_s`: `health_failures` failures in a row,
 or a refused connection, take a replica out of routing and fail its requests in flight (503);
 it is probed until it answers, synced to a healthy peer's adapters (what it lacks is loaded,
-what the fleet dropped meanwhile unloaded), and routed again. Broadcasts still go to every
-replica, in routing or not: while one is unreachable, loads fail and are rolled back.
+what the fleet dropped meanwhile unloaded), and routed again. Broadcasts go to the replicas
+in routing only: one that is out catches up through that resync instead of failing them.
 Calls to the replicas, the probe and the resync are in grpo_lab.proxy.replicas.
 
-Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.proxy.http_pool), which halves the
-proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py); everything
-else uses aiohttp.
+Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.proxy.http_pool), which
+halves the proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py);
+everything else uses aiohttp.
 
 The settings are `ProxyConfig` (grpo_lab.proxy.config); `start_proxy_process`
 (grpo_lab.proxy.process) starts the proxy as a process from Python.
@@ -57,9 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import os
-import re
 import sys
 import time
 import weakref
@@ -71,31 +70,25 @@ from ..serving.process import serve_until_signalled
 from .broadcast import (
     LOAD_PATH,
     UNLOAD_PATH,
-    BroadcastResult,
     UpstreamError,
-    broadcast,
     error_json,
-    load_everywhere,
-    unload_everywhere,
 )
 from .completions import ProxyCompletions
 from .config import ProxyConfig
+from .control import BROADCAST_PATHS, ProxyControl
 from .http_pool import ConnectionPool
 from .process import READY_MARKER
 from .replicas import ProxyReplicas
 from .router import PrefixRouter, RouterConfig
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_BROADCAST_PATHS = ("/pause", "/resume", LOAD_PATH, UNLOAD_PATH)
-_KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/server_info",
-                "/v1/models", "/proxy/stats", *_BROADCAST_PATHS)
 
 
-class Proxy(ProxyReplicas, ProxyCompletions):
+class Proxy(ProxyReplicas, ProxyCompletions, ProxyControl):
     """The proxy's state: the router, the sessions to the replicas, the probe, the counters.
 
     Calls to the replicas and their health come from `ProxyReplicas`, the completion routes
-    from `ProxyCompletions`; the other routes are here."""
+    from `ProxyCompletions`, the other routes from `ProxyControl`."""
 
     def __init__(self, config: ProxyConfig, token: str | None = None):
         self.config = config
@@ -128,7 +121,7 @@ class Proxy(ProxyReplicas, ProxyCompletions):
             "completion_calls": 0, "split_batches": 0, "rerouted": 0,
             "errors": dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
                                      "down", "no_replica"), 0),
-            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in _BROADCAST_PATHS},
+            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in BROADCAST_PATHS},
             "retries": 0, "rollbacks": 0, "rollback_failures": 0, "load_timeouts": 0,
             "marked_down": 0, "resynced_adapters": 0,
         }
@@ -189,147 +182,9 @@ class Proxy(ProxyReplicas, ProxyCompletions):
     def _no_replica(self) -> web.Response:
         return self._error(503, f"no replica is up ({self.down_reasons}); the proxy probes them "
                            f"every {self.config.health_interval_s:g} s", "no_replica")
-
-    # ------------------------------------------------------------------ routes: the rest
-    # (completions: grpo_lab.proxy.completions)
-
-    async def adapter_op(self, request: web.Request) -> web.Response:
-        """Load or unload on every replica, one operation per adapter name at a time."""
-        load = request.path == LOAD_PATH
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            return self._error(400, f"Invalid JSON body: {exc}", "bad_request")
-        body = body if isinstance(body, dict) else {}
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not (isinstance(name, str) and name) or (load and not (isinstance(path, str) and path)):
-            message = ("Both 'lora_name' and 'lora_path' must be provided." if load else
-                       "'lora_name' needs to be provided to unload a LoRA adapter.")
-            return self._error(400, message, "bad_request")
-        self.counters["broadcasts"][request.path.rsplit("/", 1)[1]] += 1
-        # shield: a client that hangs up must not cut a load in half (no partial fleet)
-        result = await asyncio.shield(asyncio.ensure_future(self._adapter_op(load, name, body)))
-        return self._broadcast_answer(result)
-
-    def _up(self) -> list[str]:
-        """Replicas in routing: broadcasts go to these. One that is down catches up when it
-        comes back (`_resync`), so it must not fail a broadcast meanwhile."""
-        return [r for r in self.replicas if r not in self.down_reasons]
-
-    async def _broadcast_send(self, replica: str, path: str, body: dict | None,
-                              timeout_s: float) -> tuple[int, str]:
-        """`_send` for broadcasts: a refused connection takes the replica out at once, so the
-        caller's retry of the broadcast goes to the replicas that are left."""
-        try:
-            return await self._send(replica, path, body, timeout_s)
-        except UpstreamError as exc:
-            if exc.kind == "connect":
-                self._mark_down(replica, exc.message)
-            raise
-
-    async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
-        async with self._lock(name):
-            cfg = self.config
-            replicas = self._up()
-            if not replicas:
-                return BroadcastResult(503, error_json(
-                    f"no replica is up ({self.down_reasons})", 503), {})
-            if not load:
-                return await unload_everywhere(self._broadcast_send, replicas, body,
-                                               retry_s=cfg.lora_retry_s,
-                                               timeout_s=cfg.control_timeout_s)
-            result = await load_everywhere(self._broadcast_send, replicas, body,
-                                           retry_s=cfg.lora_retry_s,
-                                           timeout_s=cfg.lora_load_timeout_s,
-                                           unload_timeout_s=cfg.control_timeout_s)
-        self.counters["retries"] += result.retries
-        self.counters["rollbacks"] += bool(result.rolled_back)
-        self.counters["rollback_failures"] += len(result.rollback_failed)
-        self.counters["load_timeouts"] += result.timed_out
-        if result.status != 200:
-            print(f"grpo-lab proxy: load of {name!r} -> {result.status}: {result.per_replica}",
-                  file=sys.stderr)
-        return result
-
-    @staticmethod
-    def _broadcast_answer(result: BroadcastResult) -> web.Response:
-        if isinstance(result.body, dict):
-            return web.json_response(result.body, status=result.status)
-        ctype = "application/json" if result.body.lstrip()[:1] in ("{", "[") else "text/plain"
-        return web.Response(text=result.body, status=result.status, content_type=ctype)
-
-    async def pause_resume(self, request: web.Request) -> web.Response:
-        self.counters["broadcasts"][request.path.lstrip("/")] += 1
-        replicas = self._up()
-        if not replicas:
-            return self._error(503, f"no replica is up ({self.down_reasons})", "no_replica")
-        result = await asyncio.shield(asyncio.ensure_future(broadcast(
-            self._broadcast_send, replicas, request.path_qs, None,
-            self.config.request_timeout_s)))
-        return self._broadcast_answer(result)
-
-    async def health(self, request: web.Request) -> web.Response:
-        reasons = await asyncio.gather(*(self._probe(r) for r in self.replicas))
-        bad = {r: why for r, why in zip(self.replicas, reasons) if why}
-        if not bad:
-            return web.Response(status=200)
-        message = f"{len(bad)} of {len(self.replicas)} replicas are not healthy: {bad}"
-        return web.json_response(error_json(message, 503), status=503)
-
-    async def one_answer(self, request: web.Request) -> web.Response:
-        """/server_info and /v1/models: the first replica that answers (up replicas first)."""
-        order = sorted(self.replicas, key=lambda r: r in self.down_reasons)
-        why = "no replica"
-        for replica in order:
-            try:
-                status, text = await self._send(replica, request.path_qs, None,
-                                                self.config.control_timeout_s, "GET")
-            except UpstreamError as exc:
-                why = exc.message
-                continue
-            if status >= 500:
-                why = f"{replica} answered {status}"
-                continue
-            if request.path == "/server_info" and status == 200:
-                text = _one_replica_info(text)
-            ctype = "application/json" if text.lstrip()[:1] in ("{", "[") else "text/plain"
-            return web.Response(text=text, status=status, content_type=ctype,
-                                headers={"X-Proxy-Upstream": replica})
-        return self._error(503, f"no replica answered {request.path}: {why}", "no_replica")
-
-    def stats(self) -> dict:
-        out = self.router.stats()
-        out.update(json.loads(json.dumps(self.counters)))  # a copy
-        out.update(upstreams=self.replicas, down_reasons=dict(self.down_reasons),
-                   uptime_s=round(time.monotonic() - self._started, 1))
-        return out
-
-    async def stats_route(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats())
-
-    async def not_found(self, request: web.Request) -> web.Response:
-        if request.path in _KNOWN_PATHS:
-            return web.json_response({"detail": "Method Not Allowed"}, status=405)
-        self.counters["errors"]["not_found"] += 1
-        return web.json_response({"detail": "Not Found"}, status=404)
-
-
-def _one_replica_info(text: str) -> str:
-    """The fleet presents itself as one server: data_parallel_size 1 (TRL checks it)."""
-    try:
-        data = json.loads(text)
-        config = data["vllm_config"]
-    except (ValueError, KeyError, TypeError):
-        return text
-    if isinstance(config, dict):
-        config.setdefault("parallel_config", {})["data_parallel_size"] = 1
-    elif isinstance(config, str):  # ?config_format=text: a printed dict
-        data["vllm_config"] = re.sub(r"'data_parallel_size': \d+", "'data_parallel_size': 1",
-                                     config)
-    return json.dumps(data)
-
-
 PROXY_KEY = web.AppKey("proxy", Proxy)
+
+
 
 
 def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:

@@ -22,8 +22,9 @@ Two bounds keep staleness in check:
 - **the buffer** drops anything staler than `max_staleness` at delivery (a second line of defence
   for generators that do not follow the admission rule, e.g. remote servers).
 
-`AsyncGRPOConfig(asynchronous=False)` runs the same generator, micro-batching and metrics in the
-trainer's thread, one stage after the other: the synchronous baseline for side-by-side runs.
+`AsyncGRPOConfig(asynchronous=False)` (grpo_lab.rollout.config) runs the same generator,
+micro-batching and metrics in the trainer's thread, one stage after the other: the synchronous
+baseline for side-by-side runs.
 
 Logged metrics (TRL's names), per step unless marked cumulative:
     perf/step_s                 wall time of the step (wait + fwd_bwd + weight sync)
@@ -55,71 +56,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.config import GRPOConfig
 from ..core.generation import Completions
 from ..core.tasks import Problem
 from ..train.packing import accumulate_grpo_loss, make_micro_batches
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
 from .buffer import RolloutBuffer
+from .config import AsyncGRPOConfig
 from .generators import Generator, LocalGenerator
-
-
-@dataclass
-class AsyncGRPOConfig(GRPOConfig):
-    # --- the pipeline ---
-    asynchronous: bool = True
-    """False = generate then train in the trainer's thread (the synchronous baseline, same code)."""
-    max_staleness: int = 1
-    """Most versions a sample may lag the trainer (0 = on-policy only: no overlap)."""
-    weight_sync_steps: int = 1
-    """Optimizer steps between weight syncs; each sync publishes version v+1 to the generator.
-    The synchronous mode syncs every step (it always samples from the current weights)."""
-    buffer_size: int | None = None
-    """Groups (one prompt's G completions) the rollout buffer holds; None = prompts_per_step."""
-
-    # --- micro-batching ---
-    token_budget: int | None = None
-    """Forward tokens per micro-batch, padding included (None = the whole step in one pass)."""
-    pack_sequences: bool = False
-    """Pack several sequences per row with a block-diagonal mask (needs token_budget)."""
-    pack_row_tokens: int = 64
-    """Row length when packing; the dense mask costs row_tokens^2 per row, so keep it short."""
-
-    # --- threads (torch's intra-op thread count is per calling thread) ---
-    generator_threads: int = 1
-    """torch intra-op threads of the rollout worker."""
-    trainer_threads: int = 1
-    """torch intra-op threads of the trainer."""
-    trainer_idle_threads: int | None = None
-    """Threads for a micro-batch that starts while the worker is not generating (blocked by
-    backpressure or admission): the trainer borrows the idle core. None = trainer_threads.
-    Useful with a token_budget that gives 2+ micro-batches per step, on cores no other process
-    uses (a torch thread without a free core slows every op of its team)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        problems = []
-        if self.max_staleness < 0:
-            problems.append(f"max_staleness must be >= 0 (got {self.max_staleness})")
-        for name in ("weight_sync_steps", "generator_threads", "trainer_threads", "pack_row_tokens"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.buffer_size is not None and self.buffer_size < self.prompts_per_step:
-            problems.append(f"buffer_size must hold one step's {self.prompts_per_step} groups "
-                            f"(got {self.buffer_size})")
-        if self.token_budget is not None and self.token_budget < 1:
-            problems.append(f"token_budget must be >= 1 (got {self.token_budget})")
-        if self.pack_sequences and self.token_budget is None:
-            problems.append("pack_sequences needs a token_budget")
-        if self.trainer_idle_threads is not None and self.trainer_idle_threads < 1:
-            problems.append(f"trainer_idle_threads must be >= 1 (got {self.trainer_idle_threads})")
-        if problems:
-            raise ValueError("invalid AsyncGRPOConfig: " + "; ".join(problems))
-
-    @property
-    def effective_buffer_size(self) -> int:
-        """Computed at runtime: buffer_size, or prompts_per_step when unset."""
-        return self.buffer_size or self.prompts_per_step
 
 
 @dataclass
