@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ class Problem:
     answer: str
 
 
-class Task:
+class Task(ABC):
     """Base class: subclasses define `_draw` and `max_answer_chars`."""
 
     name = "task"
@@ -37,12 +38,14 @@ class Task:
         self._eval = list(held_out.values())
         self._held_out_prompts = set(held_out)
 
+    @abstractmethod
     def _draw(self, rng: random.Random) -> Problem:
-        raise NotImplementedError
+        """One random problem (the held-out set is drawn with this too)."""
 
     @property
+    @abstractmethod
     def max_answer_chars(self) -> int:
-        raise NotImplementedError
+        """The longest answer, in characters: a bound for `max_new_tokens`."""
 
     def eval_set(self) -> list[Problem]:
         """The fixed held-out problems (same list on every call)."""

@@ -5,9 +5,10 @@ The training loop only ever talks to a `Generator`:
     generator.publish(model, version)      # trainer: "my current weights are policy `version`"
     generator.generate(prompt_ids, version=v, ...) -> Completions   # worker: sample with policy v
 
-`LocalGenerator` samples in this process from its own copy of the policy. A later issue swaps it
-for HTTP inference servers (publish = save the adapter and ask the servers to load it under a
-versioned name) without touching the training loop.
+`LocalGenerator` samples in this process from its own copy of the policy. `HTTPGenerator`
+(grpo_lab.rollout.http_generator) samples from HTTP inference servers instead (publish = save
+the adapter into the bucket and ask the servers to load it under a versioned name); the training
+loop is the same for both.
 
 Why a copy: the trainer's optimizer changes weights in place, tensor by tensor. Sampling from the
 trainer's model while it steps would mix two policies in one forward pass ("half-updated weights").

@@ -40,7 +40,7 @@ _KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean", "s
 
 
 def get_field(body: dict, name: str, kind: str, default=_MISSING, *, nullable: bool = False):
-    """body[name] checked against `kind` ("int", "float", "bool", "str", "str_list", "int_list")."""
+    """body[name] checked against `kind` ("int", "float", "bool", "str", "int_list")."""
     value = body.get(name, default)
     if value is _MISSING:
         raise RequestError(f"Field required: '{name}'.", param=name)

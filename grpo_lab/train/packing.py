@@ -19,6 +19,7 @@ the step's constant). The optimizer step sees the same samples and the same grad
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +29,8 @@ from ..core.grpo_loss import grpo_loss, policy_logprobs, token_logprobs
 
 
 @dataclass
-class MicroBatch:
-    """Some sequences of a RolloutBatch, laid out for one forward pass."""
+class MicroBatch(ABC):
+    """Some sequences of a RolloutBatch, laid out for one forward pass (padded or packed)."""
 
     indices: list[int]  # rows of the RolloutBatch, in the order of the tensors below
     completion_ids: torch.Tensor  # (n, C) right padded
@@ -46,9 +47,9 @@ class MicroBatch:
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
 
+    @abstractmethod
     def logprobs(self, model, temperature: float) -> torch.Tensor:
         """Per-token log-probabilities of the completions under `model`: (n, C)."""
-        raise NotImplementedError
 
 
 @dataclass
