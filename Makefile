@@ -1,6 +1,6 @@
 # The README's commands. Each sets up from nothing (a .venv with the pinned dependencies) first.
 #   make demo    set up, then run the main job
-#   make test    set up, then run every test tier that CI runs (unit + notebooks)
+#   make test    set up, then run every test tier that CI runs (unit + slow + notebooks)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # for a CPU-only torch on a machine that reaches that index.
 PIP_ARGS ?=
 
-.PHONY: setup demo test test-unit test-notebooks lint clean
+.PHONY: setup demo test test-unit test-slow test-notebooks lint clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,10 @@ test: setup
 	$(BIN)/python -m pytest
 
 test-unit: setup
-	$(BIN)/python -m pytest -m "not notebook"
+	$(BIN)/python -m pytest -m "not notebook and not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow
 
 test-notebooks: setup
 	$(BIN)/python -m pytest -m notebook

@@ -3,7 +3,7 @@
     python benchmarks/routing_replay.py            # full run: 64,728 rollouts, 2 and 3 replicas
     python benchmarks/routing_replay.py --quick    # 1/10 of the prompts, a few seconds
 
-The workload and its stated distributions live in `grpo_lab.proxy.routing_replay` (see its docstring).
+The workload and its stated distributions live in `grpo_lab.proxy.routing_replay` (docstring).
 Goals for 2 replicas (the blog's proxy: 14.2 % unmatched, 1.3 % spill): unmatched <= 13.0 %,
 spill <= 1.3 %. The floor for unmatched is 1/G = 12.5 %: the first rollout of a group is cold.
 `unmatched (ref)` counts as the reference proxy does, which also calls "unmatched" a request for a

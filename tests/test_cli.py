@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
 from grpo_lab.core.config import GRPOConfig
@@ -25,6 +27,7 @@ def test_bad_input_gives_a_clear_error_and_status_2(capsys):
     assert "unknown task 'chess'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sync_demo_gains_at_least_15_points(tmp_path):
     """The single-process main job (`--jobs none`), with the acceptance goal as its exit status.
     The multi-job default is tested in tests/test_multi_job.py."""

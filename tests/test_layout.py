@@ -45,10 +45,11 @@ def _imports(tree: ast.AST, module: str | None) -> list[tuple[str, int]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "grpo_lab"]
+            found += [(a.name, node.lineno) for a in node.names
+                      if a.name.split(".")[0] == "grpo_lab"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                assert module is not None, f"relative import outside the package, line {node.lineno}"
+                assert module is not None, f"a relative import outside grpo_lab, line {node.lineno}"
                 package = module if module in PACKAGES else module.rsplit(".", 1)[0]
                 base = package.split(".")
                 base = base[: len(base) - (node.level - 1)]
@@ -125,7 +126,8 @@ def test_no_stage_imports_a_later_stage():
             if later in order and (stage is None or order[later] > order[stage]):
                 bad.append(f"{MODULES[module].relative_to(ROOT)}:{line} ({stage}) imports "
                            f"{target} ({later})")
-    assert not bad, "a stage imports a later one (order: " + ", ".join(STAGES) + "):\n" + "\n".join(bad)
+    order_text = ", ".join(STAGES)
+    assert not bad, f"a stage imports a later one (order: {order_text}):\n" + "\n".join(bad)
 
 
 def _outside_sources():

@@ -9,8 +9,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from grpo_lab.cli.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
 from grpo_lab.rollout.config import AsyncGRPOConfig
+
+pytestmark = pytest.mark.slow  # each test runs the whole demo as separate processes
 
 
 def test_demo_jobs_local_gains_at_least_15_points(tmp_path):

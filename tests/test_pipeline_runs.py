@@ -1,5 +1,5 @@
-"""grpo_lab.observe.pipeline_runs: one row per run, the table and the plot, and bad input (no servers:
-notebook 08 runs the real thing against live replicas)."""
+"""grpo_lab.observe.pipeline_runs: one row per run, the table and the plot, and bad input (no
+servers: notebook 08 runs the real thing against live replicas)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The KV-prefix router (grpo_lab.proxy.router) and its workload replay (grpo_lab.proxy.routing_replay)."""
+"""The KV-prefix router (grpo_lab.proxy.router) and its workload replay (routing_replay)."""
 
 from __future__ import annotations
 

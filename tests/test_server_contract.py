@@ -1,10 +1,10 @@
 """docs/serving-api.md, checked against `grpo-lab serve` running as a real process.
 
-One server serves the whole module (started through `grpo_lab.serving.process.start_server_process`, the
-helper notebooks and the launcher use): LoRA on, rank <= 8, 4 adapters per batch, processed
-logprobs, an API key, an allowed LoRA root, a 2 s emulated mount lag, a 100 kB body limit and
-max_model_len 32 (so that the length rule is easy to hit). Variants that need other environment
-gates run the same application in process.
+One server serves the whole module (started through grpo_lab.serving.process's
+`start_server_process`, the helper notebooks and the launcher use): LoRA on, rank <= 8, 4
+adapters per batch, processed logprobs, an API key, an allowed LoRA root, a 2 s emulated mount
+lag, a 100 kB body limit and max_model_len 32 (so that the length rule is easy to hit). Variants
+that need other environment gates run the same application in process.
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ def test_recipe_plan_trainer_command_is_a_valid_train_async_call(tmp_path):
     assert args.bucket == f"{tmp_path / 'bucket'}/r1/adapters" and args.max_staleness == 4
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_finishes_without_version_gap(server, tmp_path):
     out, steps = tmp_path / "run", 24
     log = (tmp_path / "first.log").open("wb")

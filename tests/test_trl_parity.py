@@ -473,6 +473,7 @@ def test_difference_defaults(tmp_path):
 # TRL trains grpo_lab's task with grpo_lab's reward, unchanged
 
 
+@pytest.mark.slow
 def test_trl_trains_tiny_model_on_grpo_lab_task(tiny_model_dir, tmp_path):
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     args = trl_args(

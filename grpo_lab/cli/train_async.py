@@ -3,13 +3,13 @@
     AsyncGRPOTrainer  ──generate──>  HTTPGenerator ──HTTP──> the proxy (or one server)
           │                               │
           └──every weight_sync_steps──> publish policy-vN into the bucket, load it on the servers
-          └──every checkpoint_every──>  <bucket>/checkpoints/step-S (grpo_lab.bucket.checkpoint)
+          └──every checkpoint_every──>  <bucket>/checkpoints/step-S (bucket/checkpoint.py)
 
-The run folder (`--output-dir`) gets `metrics.jsonl` (TRL's names, see grpo_lab.rollout.async_trainer),
-`syncs.jsonl` (one line per weight sync: version, seconds of each stage, bytes), the final
-`adapter/` and `summary.json` (greedy held-out accuracy before and after, evaluated here, in the
-trainer process). Adapters `policy-v{N}` go to the bucket (`--bucket`, default
-`<output-dir>/adapters`).
+The run folder (`--output-dir`) gets `metrics.jsonl` (TRL's names, see
+grpo_lab.rollout.async_trainer), `syncs.jsonl` (one line per weight sync: version, seconds of
+each stage, bytes), the final `adapter/` and `summary.json` (greedy held-out accuracy before and
+after, evaluated here, in the trainer process). Adapters `policy-v{N}` go to the bucket
+(`--bucket`, default `<output-dir>/adapters`).
 
 **Resume** (`--resume`, e.g. after a preemption): load the newest checkpoint (adapter, optimizer,
 step, version, RNGs), drop the metrics logged after it, unload every adapter of this name that

@@ -1,8 +1,8 @@
 """The proxy's completion routes (grpo_lab.proxy.app): each prompt to one replica, answers merged.
 
     POST /v1/completions, /v1/chat/completions
-        1. parse    the body, and each prompt's routing key (grpo_lab.proxy.prompt_keys): its token ids
-        2. route    each prompt on its key (grpo_lab.proxy.router); a batch is split across replicas
+        1. parse    the body, and each prompt's routing key (prompt_keys.py): its token ids
+        2. route    each prompt on its key (router.py); a batch is split across replicas
         3. send     each replica its share; a refused connection takes the replica out and its
                     share is routed again
         4. merge    the choices back in prompt order, `index` renumbered, usage summed; the

@@ -1,8 +1,8 @@
-"""The replicas behind the proxy (grpo_lab.proxy.app): calls to them, and which of them are in routing.
+"""The replicas behind the proxy (grpo_lab.proxy.app): calls to them, which of them are in routing.
 
     _send     one control call (probes, broadcasts, /server_info): a session of its own, so
               probes never queue behind long completions
-    _call     one completion over the lean pool (grpo_lab.proxy.http_pool); `_mark_down` cuts it short
+    _call     one completion over the lean pool (http_pool.py); `_mark_down` cuts it short
     _probe    GET /health every `health_interval_s`; `health_failures` failures in a row, or a
               refused connection, take a replica out of routing (`_mark_down`) and fail its
               requests in flight (503)

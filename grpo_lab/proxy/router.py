@@ -6,7 +6,7 @@ which replica served which prefix, and routes a new prompt to the replica holdin
 prompt-specific prefix, unless that replica is too busy (docs/recipe.md, "The proxy").
 
 It is pure bookkeeping, no I/O: the proxy calls `route` before forwarding a request and `finish`
-when the response ends, so every rule can be unit tested and replayed (`grpo_lab.proxy.routing_replay`).
+when the response ends, so every rule can be unit tested and replayed (`routing_replay.py`).
 
 Logged metrics (`PrefixRouter.stats()`):
 - `routed`: requests sent to each replica, in the order of `replicas`.

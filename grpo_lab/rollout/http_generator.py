@@ -1,10 +1,10 @@
 """`HTTPGenerator`: the `Generator` of asynchronous GRPO backed by inference servers over HTTP.
 
-It swaps `LocalGenerator` (grpo_lab.rollout.generators) for a server (or a proxy in front of several)
-without touching the training loop:
+It swaps `LocalGenerator` (grpo_lab.rollout.generators) for a server (or a proxy in front of
+several) without touching the training loop:
 
     publish(model, N)   the weight sync, TRL's adapter-only LoRA path:
-        1. bucket.publish       write the adapter as `policy-vN`, atomically (grpo_lab.bucket.adapters)
+        1. bucket.publish       write the adapter as `policy-vN`, atomically (bucket/adapters.py)
         2. POST /pause?mode=keep    freeze in-flight rollouts
         3. POST /v1/load_lora_adapter {"lora_name": "policy-vN", "lora_path": <bucket>/policy-vN}
                                 (retried while the server answers "No adapter found")

@@ -11,9 +11,9 @@ Continuous batching (Orca, Yu et al. 2022; vLLM) re-forms the batch between deco
         sample   each row with its own parameters and seeded generator (grpo_lab.serving.sampling)
         retire   rows that hit EOS, a stop token, max_tokens or max_model_len; answer their request
 
-The batch's rows are kept sorted by adapter, so the LoRA hooks (grpo_lab.serving.lora_registry) add each
-adapter's delta to one contiguous slice. The KV cache is an ordinary transformers `DynamicCache`
-whose rows we select, left pad and concatenate when the batch changes.
+The batch's rows are kept sorted by adapter, so the LoRA hooks (grpo_lab.serving.lora_registry)
+add each adapter's delta to one contiguous slice. The KV cache is an ordinary transformers
+`DynamicCache` whose rows we select, left pad and concatenate when the batch changes.
 
 The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
 sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports

@@ -1,8 +1,8 @@
 """The OpenAI/vLLM wire format of the server: request validation, response and error bodies.
 
-Kept apart from the HTTP plumbing (grpo_lab.serving.server) so the field rules read in one place. Every
-rule answers what vLLM answers (docs/serving-api.md): a 400 `BadRequestError` for a request that
-can never succeed, a 404 `NotFoundError` for an unknown model, and the error body
+Kept apart from the HTTP plumbing (grpo_lab.serving.server) so the field rules read in one
+place. Every rule answers what vLLM answers (docs/serving-api.md): a 400 `BadRequestError` for a
+request that can never succeed, a 404 `NotFoundError` for an unknown model, and the error body
 `{"error": {"message", "type", "param", "code"}}`.
 """
 
