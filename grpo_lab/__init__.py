@@ -3,20 +3,20 @@
 One folder per stage of the course. The stages are in import order: a module imports from its
 own stage and the stages above it, never from one below (tests/test_layout.py checks this).
 
-    stage      what it is                                                         notebooks
-    core/      the tiny model and tokenizer, tasks, rewards, sampling, evaluation,
-               the GRPO loss, GRPOConfig                                          00, 01
-    train/     the synchronous trainer (full or LoRA), packing, metrics.jsonl     01, 02, 03
+    stage      what it is                                                      notebooks
+    core/      the tiny model and tokenizer, tasks, rewards, sampling,
+               evaluation, the GRPO loss, GRPOConfig                           00, 01
+    train/     the synchronous trainer (full or LoRA), packing, metrics.jsonl  01, 02, 03
     bucket/    the folder all jobs share: adapters published atomically,
-               trainer checkpoints                                                05, 07
+               trainer checkpoints                                             05, 07
     serving/   `grpo-lab serve`: vLLM's HTTP API on a CPU (protocol, sampling,
-               continuous-batching engine, LoRA adapters), its client, its process 05
+               continuous batching, LoRA adapters), its client, its process    05
     rollout/   the rollout buffer, generators (local and over HTTP), the
-               asynchronous trainer                                               04, 05
-    proxy/     `grpo-lab proxy`: several replicas behind one URL, KV-prefix routing 06
-    jobs/      the recipe's jobs as a plan, run locally or on Hugging Face Jobs   07
-    observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs    08
-    cli/       the `grpo-lab` command, the demos, running the notebooks           all
+               asynchronous trainer                                            04, 05
+    proxy/     `grpo-lab proxy`: replicas behind one URL, KV-prefix routing    06
+    jobs/      the recipe's jobs as a plan, run locally or on HF Jobs          07
+    observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs 08
+    cli/       the `grpo-lab` command, the demos, running the notebooks        all
 
 Why this order and not the notebooks' exactly: rollout's `HTTPGenerator` (notebook 05) talks to
 a server through serving's client and publishes adapters into the bucket, so bucket and serving

@@ -513,6 +513,7 @@ def test_the_wheel_ships_the_package_and_goes_to_the_named_bucket(tmp_path):
     [(bucket_id, in_bucket, token, names)] = seen
     assert (bucket_id, in_bucket, token) == ("me/grpo-lora", f"sub/wheels/{package_wheel_name()}",
                                              TOKEN)
-    assert {"grpo_lab/cli.py", "grpo_lab/hf_jobs.py", "grpo_lab/server.py"} <= names
+    assert {"grpo_lab/cli/main.py", "grpo_lab/cli/__main__.py", "grpo_lab/jobs/hf_jobs.py",
+            "grpo_lab/serving/server.py"} <= names
     with pytest.raises(ValueError, match="Storage Bucket"):
         upload_to_buckets([("x.whl", "hf://buckets/me")], api=Api())
