@@ -60,3 +60,13 @@ def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
     assert groups["enqueued"] >= groups["delivered"] + groups["dropped_stale"]
     assert groups["enqueued"] - groups["delivered"] - groups["dropped_stale"] <= 16
     assert groups["enqueued"] <= sum(routed) <= groups["enqueued"] + 16 + s["retried_requests"]
+
+
+def test_demo_summary_states_each_target_met_or_not():
+    from grpo_lab.multi_job import DEMO_TARGETS, demo_verdicts
+
+    run = {"accuracy_gain": 0.25, "train_s": DEMO_TARGETS["train_s"] + 1, "startup_s": 3.0}
+    gain, train, startup = demo_verdicts(run, min_gain=0.20)
+    assert gain.endswith("(met)") and "+25.0" in gain
+    assert train.endswith("(NOT met)") and startup.endswith("(met)")
+    assert demo_verdicts({**run, "accuracy_gain": 0.19}, min_gain=0.20)[0].endswith("(NOT met)")
