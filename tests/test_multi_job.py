@@ -31,7 +31,7 @@ def test_demo_jobs_local_gains_at_least_15_points(tmp_path):
     for path in (run_dir / "pipeline.png", run_dir / "training.png", train / "metrics.jsonl",
                  train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
         assert path.exists(), path
-    assert (train / "adapters" / "policy-v200" / "adapter_model.safetensors").exists()
+    assert (train / "adapters" / f"policy-v{steps}" / "adapter_model.safetensors").exists()
 
 
 def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
