@@ -35,7 +35,7 @@ def test_demo_jobs_local_gains_at_least_15_points(tmp_path):
     for path in (run_dir / "pipeline.png", run_dir / "training.png", train / "metrics.jsonl",
                  train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
         assert path.exists(), path
-    assert (train / "adapters" / "policy-v200" / "adapter_model.safetensors").exists()
+    assert (train / "adapters" / f"policy-v{steps}" / "adapter_model.safetensors").exists()
 
 
 def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
@@ -64,3 +64,13 @@ def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
     assert groups["enqueued"] >= groups["delivered"] + groups["dropped_stale"]
     assert groups["enqueued"] - groups["delivered"] - groups["dropped_stale"] <= 16
     assert groups["enqueued"] <= sum(routed) <= groups["enqueued"] + 16 + s["retried_requests"]
+
+
+def test_demo_summary_states_each_target_met_or_not():
+    from grpo_lab.multi_job import DEMO_TARGETS, demo_verdicts
+
+    run = {"accuracy_gain": 0.25, "train_s": DEMO_TARGETS["train_s"] + 1, "startup_s": 3.0}
+    gain, train, startup = demo_verdicts(run, min_gain=0.20)
+    assert gain.endswith("(met)") and "+25.0" in gain
+    assert train.endswith("(NOT met)") and startup.endswith("(met)")
+    assert demo_verdicts({**run, "accuracy_gain": 0.19}, min_gain=0.20)[0].endswith("(NOT met)")

@@ -18,11 +18,30 @@ from grpo_lab.train.trainer import GRPOTrainer, format_step
         ({"task": "chess"}, "unknown task"),
         ({"loss_type": "ppo"}, "unknown loss_type"),
         ({"steps": 0}, "steps must be >= 1"),
+        ({"lr_scheduler_type": "cosine"}, "unknown lr_scheduler_type"),
     ],
 )
 def test_invalid_config_fails_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**kwargs)
+
+
+def test_linear_schedule_decays_to_zero_and_constant_stays():
+    linear = GRPOConfig(steps=4, learning_rate=2e-3, lr_scheduler_type="linear")
+    assert [linear.learning_rate_at(s) for s in range(5)] == pytest.approx(
+        [2e-3, 1.5e-3, 1e-3, 0.5e-3, 0.0])
+    assert GRPOConfig(steps=4, learning_rate=2e-3).learning_rate_at(3) == 2e-3
+
+
+def test_trainer_applies_the_schedule(tiny_model_dir):
+    cfg = GRPOConfig(model=str(tiny_model_dir), steps=2, prompts_per_step=2, num_generations=2,
+                     eval_every=0, eval_size=4, progress=False, learning_rate=1e-3,
+                     lr_scheduler_type="linear")
+    trainer = GRPOTrainer(cfg)
+    trainer.step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # step 0: the peak
+    trainer.step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # halfway down
 
 
 def test_config_round_trips_and_rejects_unknown_fields():

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from .demo import run_demo
 
-                summary = run_demo(config_from_args(args))
+                summary = run_demo(config_from_args(args), min_gain=args.min_gain or 0.20)
             if args.min_gain is not None and summary["accuracy_gain"] < args.min_gain:
                 print(f"FAILED: gain {summary['accuracy_gain']:+.1%} < {args.min_gain:.0%}")
                 return 1
