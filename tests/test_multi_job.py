@@ -67,7 +67,7 @@ def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
 
 
 def test_demo_summary_states_each_target_met_or_not():
-    from grpo_lab.multi_job import DEMO_TARGETS, demo_verdicts
+    from grpo_lab.cli.multi_job import DEMO_TARGETS, demo_verdicts
 
     run = {"accuracy_gain": 0.25, "train_s": DEMO_TARGETS["train_s"] + 1, "startup_s": 3.0}
     gain, train, startup = demo_verdicts(run, min_gain=0.20)
