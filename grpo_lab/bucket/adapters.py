@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
+
+from ..core.atomic import atomic_folder
 
 DIR_MODE, FILE_MODE = 0o755, 0o644
 
@@ -90,15 +91,10 @@ class AdapterBucket:
         if final.exists():
             raise FileExistsError(f"{final} exists: a version name is never reused")
         start = time.perf_counter()
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.root))
-        try:
+        with atomic_folder(final) as staging:  # 3. on leaving the block: publish, atomically
             model.save_pretrained(staging)  # 1. write (hidden: readers skip dot-dirs)
             make_world_readable(staging)  # 2. open up
             written = time.perf_counter()
-            os.rename(staging, final)  # 3. publish, atomically
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         self.last_publish = {"version": version, "bytes": directory_bytes(final),
                              "write_s": written - start,
                              "publish_s": time.perf_counter() - start}

@@ -20,26 +20,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..core.atomic import atomic_folder
+
 STEP_RE = re.compile(r"step-(\d+)")
-
-
-def _fsync_dir(path: Path) -> None:
-    """Flush a directory entry (the rename) to disk where the OS allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class Checkpoints:
@@ -73,19 +60,13 @@ class Checkpoints:
         final = self.path(step)
         if final.exists():
             return final
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.root))
-        try:
+        with atomic_folder(final) as staging:  # readers see nothing or everything
             trainer.model.save_pretrained(staging / "adapter")
             torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
             torch.save(torch.get_rng_state(), staging / "rng.pt")
             full = {"step": step, "version": trainer.version,
                     "sampler_rng": _encode_random_state(trainer.rng.getstate()), **state}
             (staging / "state.json").write_text(json.dumps(full, indent=2))
-            os.rename(staging, final)  # atomic: readers see nothing or everything
-            _fsync_dir(self.root)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         for old in self.steps()[: -self.keep]:
             shutil.rmtree(self.path(old), ignore_errors=True)
         return final

@@ -12,7 +12,6 @@ import hashlib
 import json
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from .atomic import atomic_folder
 from .evaluation import greedy_accuracy
 from .home import grpo_lab_home
 from .tasks import Task, make_task
@@ -181,16 +181,8 @@ def tiny_model_path(
         shutil.rmtree(path)
     if (path / "grpo_lab_recipe.json").exists():
         return path
-    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.key()}-", dir=models_dir))
-    try:
+    with atomic_folder(path, keep_existing=True) as staging:  # a concurrent build may win
         build_tiny_model(recipe, staging, progress=progress, num_threads=num_threads)
-        try:
-            staging.rename(path)
-        except OSError:  # someone else finished first: keep theirs
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path
 
 

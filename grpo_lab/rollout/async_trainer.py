@@ -227,13 +227,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
                                            row_tokens=cfg.pack_row_tokens)
         ref_logps = None
         if cfg.beta > 0:
-            with torch.no_grad():
-                if self.ref_model is not None:
-                    ref_logps = [mb.logprobs(self.ref_model, cfg.temperature) for mb in micro_batches]
-                else:
-                    with self.model.disable_adapter():  # LoRA: the base model is the reference
-                        ref_logps = [mb.logprobs(self.model, cfg.temperature) for mb in micro_batches]
-        params = [p for p in self.model.parameters() if p.requires_grad]
+            with self.reference() as ref:
+                ref_logps = [mb.logprobs(ref, cfg.temperature) for mb in micro_batches]
         metrics: dict[str, float] = {}
         for _ in range(cfg.num_iterations):
             loss, metrics = accumulate_grpo_loss(
@@ -241,12 +236,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
                 before_each=self._pick_threads)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            for group in self.optimizer.param_groups:  # stateless: resumes need no extra state
-                group["lr"] = cfg.learning_rate_at(self.step_count)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            metrics.update(loss=loss, grad_norm=float(grad_norm))
+            metrics.update(loss=loss, grad_norm=self.apply_gradients())
         metrics["perf/micro_batches"] = len(micro_batches)
         metrics["perf/fwd_tokens"] = sum(mb.input_tokens for mb in micro_batches)
         return metrics

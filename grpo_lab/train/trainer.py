@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,16 +155,35 @@ class GRPOTrainer:
         advantages = group_advantages(rewards, G, scale_by_std=self.config.scale_rewards)
         return rewards, advantages
 
+    @contextmanager
+    def reference(self):
+        """The model that scores the KL reference, without gradients: the frozen copy (full
+        fine-tuning), or LoRA's base model with the adapter switched off."""
+        with torch.no_grad():
+            if self.ref_model is not None:
+                yield self.ref_model
+            else:
+                with self.model.disable_adapter():
+                    yield self.model
+
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         if self.config.beta == 0:
             return None
-        args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
-                self.config.temperature)
-        with torch.no_grad():
-            if self.ref_model is not None:
-                return policy_logprobs(self.ref_model, *args)
-            with self.model.disable_adapter():  # LoRA: the base model is the reference
-                return policy_logprobs(self.model, *args)
+        with self.reference() as ref:
+            return policy_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                   batch.completion_mask, self.config.temperature)
+
+    def apply_gradients(self) -> float:
+        """Clip the gradients, set this step's learning rate, take the optimizer step; returns
+        the gradient norm before clipping. The schedule is a function of `step_count`, so a
+        resumed run needs no scheduler state."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.learning_rate_at(self.step_count)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
 
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
         """Stage 4: `num_iterations` clipped-surrogate updates on one batch."""
@@ -180,14 +200,7 @@ class GRPOTrainer:
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
             )
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
-            )
-            for group in self.optimizer.param_groups:  # stateless: resumes need no extra state
-                group["lr"] = self.config.learning_rate_at(self.step_count)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            metrics.update(loss=loss.item(), grad_norm=float(grad_norm))
+            metrics.update(loss=loss.item(), grad_norm=self.apply_gradients())
         return metrics
 
     def step(self) -> dict[str, float]:
