@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from grpo_lab.core.generation import generate_completions
+from grpo_lab.core.generation import generate_completions, sample_from_ids
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
 from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.rollout.generators import Generator, LocalGenerator, sample_from_ids, trainable_state
+from grpo_lab.rollout.generators import Generator, LocalGenerator, trainable_state
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
              progress=False, log_every=100, trainer_threads=1, generator_threads=1)
@@ -162,10 +162,8 @@ def test_sampling_from_ids_equals_sampling_from_text(tiny_model_and_tokenizer):
     text_out = generate_completions(model, tokenizer, prompts, max_new_tokens=5,
                                     num_generations=3)
     torch.manual_seed(0)
-    ids_out = sample_from_ids(model, tokenizer(prompts)["input_ids"], tokenizer=tokenizer,
-                              pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=tokenizer.eos_token_id, num_generations=3,
-                              max_new_tokens=5, temperature=1.0)
+    ids_out = sample_from_ids(model, tokenizer, tokenizer(prompts)["input_ids"],
+                              num_generations=3, max_new_tokens=5, temperature=1.0)
     assert ids_out.prompt_ids == text_out.prompt_ids
     assert ids_out.completion_ids == text_out.completion_ids
     assert ids_out.texts == text_out.texts and ids_out.finish_reasons == text_out.finish_reasons

@@ -29,6 +29,26 @@ class Completions:
     def num_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
+    FIELDS = ("prompt_ids", "completion_ids", "logprobs", "texts", "finish_reasons")
+
+    def __getitem__(self, rows: slice) -> Completions:
+        """Completions `rows` (a slice), e.g. one prompt's group: `out[k * G:(k + 1) * G]`."""
+        return Completions(*(getattr(self, f)[rows] for f in self.FIELDS))
+
+    @classmethod
+    def concat(cls, parts: list[Completions]) -> Completions:
+        """Several batches' completions as one, in the order given."""
+        return cls(*(sum((getattr(c, f) for c in parts), []) for f in cls.FIELDS))
+
+    @classmethod
+    def from_choices(cls, replies: list[dict]) -> Completions:
+        """From `/v1/completions` replies (vLLM's fields, `return_token_ids` and processed
+        logprobs), choices in reply order: prompt-major when the requests were."""
+        choices = [choice for reply in replies for choice in reply["choices"]]
+        return cls([c["prompt_token_ids"] for c in choices], [c["token_ids"] for c in choices],
+                   [c["logprobs"]["token_logprobs"] for c in choices],
+                   [c["text"] for c in choices], [c["finish_reason"] for c in choices])
+
 
 def sampling_config(
     tokenizer, max_new_tokens: int, temperature: float = 1.0, do_sample: bool = True
@@ -49,7 +69,6 @@ def sampling_config(
     return GenerationConfig(**kwargs)
 
 
-@torch.no_grad()
 def generate_completions(
     model,
     tokenizer,
@@ -60,28 +79,49 @@ def generate_completions(
     temperature: float = 1.0,
     do_sample: bool = True,
 ) -> Completions:
-    """Sample `num_generations` completions per prompt (greedy if `do_sample=False`)."""
+    """Sample `num_generations` completions per text prompt (greedy if `do_sample=False`)."""
+    prompt_ids = tokenizer(prompts)["input_ids"]  # no padding: sample_from_ids pads
+    return sample_from_ids(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens,
+                           num_generations=num_generations, temperature=temperature,
+                           do_sample=do_sample)
+
+
+@torch.no_grad()
+def sample_from_ids(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    num_generations: int = 1,
+    temperature: float = 1.0,
+    do_sample: bool = True,
+) -> Completions:
+    """Sample from prompts given as token ids: the one sampling loop of grpo_lab's in-process
+    generators (the trainer, the evaluation and LocalGenerator all come here)."""
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)  # left padded
-    input_ids = enc["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
-    attention_mask = enc["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
+    rows = [ids for ids in prompt_ids for _ in range(num_generations)]  # prompt-major
+    width = max(map(len, rows))
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    attention_mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows]))
+    attention_mask = attention_mask.long().to(device)  # (B, P): 0 on the left padding
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         generation_config=sampling_config(tokenizer, max_new_tokens, temperature, do_sample),
     )
-    new_ids = out.sequences[:, input_ids.shape[1] :]  # (B, T_new)
+    new_ids = out.sequences[:, width:]  # (B, T_new)
     scores = torch.stack(out.scores, dim=1).float()  # (B, T_new, V) logits after temperature
     token_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
 
-    prompt_ids, completion_ids, logprobs, finish = [], [], [], []
-    eos = tokenizer.eos_token_id
+    completion_ids, logprobs, finish = [], [], []
     for row in range(new_ids.shape[0]):
         ids = new_ids[row].tolist()
-        stop = ids.index(eos) + 1 if eos in ids else len(ids)  # keep the EOS token itself
+        # Up to and including the first EOS ("stop"); no EOS within the cap is "length".
+        stop = ids.index(eos) + 1 if eos in ids else len(ids)
         completion_ids.append(ids[:stop])
         logprobs.append(token_logprobs[row, :stop].tolist())
-        finish.append("stop" if stop <= len(ids) and eos in ids[:stop] else "length")
-        prompt_ids.append(input_ids[row][attention_mask[row].bool()].tolist())
+        finish.append("stop" if eos in ids else "length")
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Completions(prompt_ids, completion_ids, logprobs, texts, finish)
+    return Completions([list(r) for r in rows], completion_ids, logprobs, texts, finish)

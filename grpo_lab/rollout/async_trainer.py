@@ -75,12 +75,6 @@ class ScoredGroup:
     advantages: torch.Tensor  # (G,)
 
 
-def concat_completions(parts: list[Completions]) -> Completions:
-    """Several groups' completions as one `Completions`, in the order given."""
-    return Completions(*(sum((getattr(c, f) for c in parts), []) for f in
-                         ("prompt_ids", "completion_ids", "logprobs", "texts", "finish_reasons")))
-
-
 class AsyncGRPOTrainer(GRPOTrainer):
     """GRPO with generation in a background thread.
 
@@ -129,12 +123,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self._counters["gen_s"] += time.perf_counter() - start
         self._counters["gen_tokens"] += out.num_tokens
         G = cfg.num_generations
-        return [ScoredGroup(p, Completions(out.prompt_ids[k * G:(k + 1) * G],
-                                           out.completion_ids[k * G:(k + 1) * G],
-                                           out.logprobs[k * G:(k + 1) * G],
-                                           out.texts[k * G:(k + 1) * G],
-                                           out.finish_reasons[k * G:(k + 1) * G]),
-                            rewards[k * G:(k + 1) * G], advantages[k * G:(k + 1) * G])
+        return [ScoredGroup(p, out[k * G:(k + 1) * G], rewards[k * G:(k + 1) * G],
+                            advantages[k * G:(k + 1) * G])
                 for k, p in enumerate(problems)]
 
     def _rollout_loop(self, first_batch: int) -> None:
@@ -206,7 +196,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ stage 4 (the trainer)
 
     def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions]:
-        out = concat_completions([g.completions for g in groups])
+        out = Completions.concat([g.completions for g in groups])
         rewards = torch.cat([g.rewards for g in groups])
         advantages = torch.cat([g.advantages for g in groups])
         batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..core.generation import Completions, sampling_config
+from ..core.generation import Completions, sample_from_ids
 
 
 @runtime_checkable
@@ -74,46 +74,6 @@ def load_trainable_state(model, state: dict[str, torch.Tensor]) -> None:
     params = dict(model.named_parameters())
     for name, value in state.items():
         params[name].copy_(value)
-
-
-@torch.inference_mode()  # lighter than no_grad: no autograd bookkeeping at all
-def sample_from_ids(
-    model,
-    prompt_ids: list[list[int]],
-    *,
-    pad_token_id: int,
-    eos_token_id: int,
-    tokenizer,
-    num_generations: int,
-    max_new_tokens: int,
-    temperature: float,
-) -> Completions:
-    """`generate` on token ids (left padded here), keeping processed logprobs, like
-    `grpo_lab.core.generation.generate_completions` does for text prompts."""
-    device = next(model.parameters()).device
-    rows = [ids for ids in prompt_ids for _ in range(num_generations)]  # prompt-major
-    width = max(map(len, rows))
-    input_ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows], device=device)
-    attention_mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows]))
-    attention_mask = attention_mask.long().to(device)  # (B, P): 0 on the left padding
-    out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        generation_config=sampling_config(tokenizer, max_new_tokens, temperature, True),
-    )
-    new_ids = out.sequences[:, width:]  # (B, T_new)
-    scores = torch.stack(out.scores, dim=1).float()  # (B, T_new, V) logits after temperature
-    logps = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
-
-    completion_ids, logprobs, finish = [], [], []
-    for row in range(new_ids.shape[0]):
-        ids = new_ids[row].tolist()
-        stop = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)  # keep the EOS
-        completion_ids.append(ids[:stop])
-        logprobs.append(logps[row, :stop].tolist())
-        finish.append("stop" if eos_token_id in ids else "length")
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Completions([list(r) for r in rows], completion_ids, logprobs, texts, finish)
 
 
 class MergedLoRAModel:
@@ -221,9 +181,6 @@ class LocalGenerator:
                     load_trainable_state(self.model, state)
                 self._loaded_version = version
                 self.loads += 1
-            return sample_from_ids(
-                self.model, prompt_ids, pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id, tokenizer=self.tokenizer,
-                num_generations=num_generations, max_new_tokens=max_new_tokens,
-                temperature=temperature,
-            )
+            return sample_from_ids(self.model, self.tokenizer, prompt_ids,
+                                   num_generations=num_generations,
+                                   max_new_tokens=max_new_tokens, temperature=temperature)

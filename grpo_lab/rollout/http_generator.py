@@ -182,15 +182,7 @@ class HTTPGenerator:
                 raise KeyError(f"policy version {version} ({name}) is not loaded on the "
                                f"server: {exc.message}") from exc
             raise
-        out = Completions([], [], [], [], [])
-        for reply in replies:  # prompt-major: choices are ordered by prompt, then child
-            for choice in reply["choices"]:
-                out.prompt_ids.append(choice["prompt_token_ids"])
-                out.completion_ids.append(choice["token_ids"])
-                out.logprobs.append(choice["logprobs"]["token_logprobs"])
-                out.texts.append(choice["text"])
-                out.finish_reasons.append(choice["finish_reason"])
-        return out
+        return Completions.from_choices(replies)  # prompt-major: by prompt, then child
 
     def close(self) -> None:
         self.client.close()
