@@ -111,7 +111,7 @@ def test_stop_unblocks_a_worker_waiting_on_a_full_buffer(tiny_model_and_tokenize
     time.sleep(0.2)  # from "idle" to waiting inside put takes microseconds
     trainer.stop_steps(timeout_s=10)
     assert not trainer.worker_alive
-    assert trainer.buffer.stats()["rollout/backpressure_s"] > 0  # it was blocked in put
+    assert trainer.buffer.stats()["rollout/backpressure_total_s"] > 0  # it was blocked in put
 
 
 def test_a_worker_error_surfaces_in_the_trainer(tiny_model_and_tokenizer):
@@ -221,3 +221,15 @@ def test_merged_adapter_samples_like_the_unmerged_one(tiny_model_and_tokenizer):
     assert outs[0].completion_ids == outs[1].completion_ids
     for a, b in zip(outs[0].logprobs, outs[1].logprobs, strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+def test_every_async_metric_is_in_the_glossary(tiny_model_dir):
+    from grpo_lab.train.glossary import unknown_metrics
+
+    cfg = AsyncGRPOConfig(model=str(tiny_model_dir), steps=3, prompts_per_step=2,
+                          num_generations=2, eval_every=0, eval_size=4, progress=False,
+                          log_every=100)
+    records = AsyncGRPOTrainer(cfg).train()
+    logged = set().union(*records)
+    assert {"rollout/backpressure_s", "perf/rollout_wait_s", "version"} <= logged
+    assert unknown_metrics(dict.fromkeys(logged)) == []

@@ -136,8 +136,8 @@ def test_put_blocks_when_full_and_get_unblocks_it_with_backpressure_measured():
     assert [e.item for e in buf.get(1, trainer_version=0, timeout=JOIN_S)] == ["a"]
     producer.join(JOIN_S)
     assert not producer.is_alive() and out == {"result": True}
-    assert buf.stats()["rollout/backpressure_s"] == 1.5
-    assert buf.stats()["perf/rollout_wait_s"] == 0.0
+    assert buf.stats()["rollout/backpressure_total_s"] == 1.5
+    assert buf.stats()["perf/rollout_wait_total_s"] == 0.0
     assert [e.item for e in buf.get(2, trainer_version=0, timeout=JOIN_S)] == ["b", "c"]
 
 
@@ -152,8 +152,8 @@ def test_get_blocks_until_n_items_with_rollout_wait_measured():
     consumer.join(JOIN_S)
     assert not consumer.is_alive() and "error" not in out
     assert [e.item for e in out["result"]] == ["a", "b"]
-    assert buf.stats()["perf/rollout_wait_s"] == 2.0
-    assert buf.stats()["rollout/backpressure_s"] == 0.0
+    assert buf.stats()["perf/rollout_wait_total_s"] == 2.0
+    assert buf.stats()["rollout/backpressure_total_s"] == 0.0
 
 
 def test_rollout_wait_with_the_real_clock():
@@ -163,7 +163,7 @@ def test_rollout_wait_with_the_real_clock():
     buf.put("a", 0)
     consumer.join(JOIN_S)
     assert [e.item for e in out["result"]] == ["a"]
-    assert buf.stats()["perf/rollout_wait_s"] > 0.0
+    assert buf.stats()["perf/rollout_wait_total_s"] > 0.0
     assert out["result"][0].time_in_queue_s >= 0.0
 
 

@@ -102,3 +102,15 @@ def test_any_local_model_path_works_in_place_of_tiny(tiny_model_dir, tmp_path):
     tokenizer.save_pretrained(tmp_path / "other")
     trainer = GRPOTrainer(GRPOConfig(**{**SMALL, "steps": 1}, model=str(tmp_path / "other")))
     assert trainer.train()[-1]["step"] == 1
+
+
+def test_every_logged_metric_is_in_the_glossary(tiny_model_dir):
+    from grpo_lab.train.glossary import unknown_metrics
+
+    cfg = GRPOConfig(model=str(tiny_model_dir), steps=2, prompts_per_step=2, num_generations=2,
+                     eval_every=1, eval_size=4, progress=False, beta=0.1, log_every=100)
+    records = GRPOTrainer(cfg).train()
+    logged = set().union(*records)
+    assert {"kl", "eval/accuracy", "perf/generate_s"} <= logged  # the optional ones were logged
+    assert unknown_metrics(dict.fromkeys(logged)) == []
+    assert unknown_metrics({"reward": 0.0, "made/up": 1.0}) == ["made/up"]

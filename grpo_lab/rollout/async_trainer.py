@@ -26,24 +26,7 @@ Two bounds keep staleness in check:
 micro-batching and metrics in the trainer's thread, one stage after the other: the synchronous
 baseline for side-by-side runs.
 
-Logged metrics (TRL's names), per step unless marked cumulative:
-    perf/step_s                 wall time of the step (wait + fwd_bwd + weight sync)
-    perf/fwd_bwd_s              forward+backward+optimizer part of the step (with collating)
-    perf/micro_batches, perf/fwd_tokens   forward passes of the step and their input tokens
-    perf/rollout_wait_s         time the trainer waited for samples (sync mode: generation time)
-    perf/weight_sync_s          time to publish the weights (0 on steps without a sync)
-    rollout/backpressure_s      time the worker was blocked putting into a full buffer
-    rollout/version_wait_s      time the worker waited for a newer policy (the admission rule)
-    rollout/generated_tok_s     completion tokens per second of the worker's generation time
-    rollout/inflight            most generation requests in flight at once since the last step
-                                (generators over HTTP only: grpo_lab.rollout.http_generator)
-    sample/rollout_queue_size   groups in the buffer when the trainer came for its batch
-    sample/rollout_queue_maxsize the buffer's bound
-    sample/staleness_mean, sample/staleness_max   version lag of this step's samples
-    sample/dropped_stale        (cumulative) groups dropped for staleness
-    version                     the trainer's policy version after the step
-    time_s                      seconds since training started (after the initial evaluation)
-    reward, ratio, kl, loss ... as in the synchronous trainer (kl only with beta > 0)
+Logged metrics: TRL's names, each explained once in grpo_lab.train.glossary.METRICS.
 """
 
 from __future__ import annotations
@@ -250,7 +233,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             if self._worker is None:
                 self.start_steps()  # step() called directly, outside train()
             queue_size = len(self.buffer)
-            wait_before = self.buffer.stats()["perf/rollout_wait_s"]
+            wait_before = self.buffer.stats()["perf/rollout_wait_total_s"]
             entries = self.buffer.get(cfg.prompts_per_step, trainer_version=self.version)
             if len(entries) < cfg.prompts_per_step:
                 raise RuntimeError("the rollout worker stopped") from self._worker_error
@@ -258,13 +241,14 @@ class AsyncGRPOTrainer(GRPOTrainer):
             stats = self.buffer.stats()
             staleness = [e.staleness for e in entries]
             pipeline = {
-                "perf/rollout_wait_s": stats["perf/rollout_wait_s"] - wait_before,
-                "rollout/backpressure_s": stats["rollout/backpressure_s"] - self._last["backpressure_s"],
+                "perf/rollout_wait_s": stats["perf/rollout_wait_total_s"] - wait_before,
+                "rollout/backpressure_s": (stats["rollout/backpressure_total_s"]
+                                           - self._last["backpressure_s"]),
                 "sample/rollout_queue_size": queue_size,
                 "sample/rollout_queue_maxsize": self.buffer.maxsize,
                 "sample/dropped_stale": stats["sample/dropped_stale"],
             }
-            self._last["backpressure_s"] = stats["rollout/backpressure_s"]
+            self._last["backpressure_s"] = stats["rollout/backpressure_total_s"]
         else:
             torch.set_num_threads(cfg.generator_threads)
             groups = self.produce(self.version)

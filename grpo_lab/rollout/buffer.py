@@ -16,10 +16,11 @@ Logged metrics (`stats()`):
 
 - `sample/rollout_queue_size`: items in the buffer now.
 - `sample/rollout_queue_maxsize`: the bound; size == maxsize means generation is throttled.
-- `rollout/backpressure_s`: total seconds producers spent blocked in `put` waiting for room
-  (cumulative since the buffer was made; take differences between steps for a per-step value).
-- `perf/rollout_wait_s`: total seconds consumers spent blocked in `get` waiting for items
-  (cumulative, like backpressure).
+- `rollout/backpressure_total_s`: seconds producers spent blocked in `put` waiting for room,
+  cumulative since the buffer was made (the trainers log the per-step difference as
+  `rollout/backpressure_s`: grpo_lab.train.glossary).
+- `perf/rollout_wait_total_s`: seconds consumers spent blocked in `get` waiting for items,
+  cumulative (logged per step as `perf/rollout_wait_s`).
 - `sample/enqueued`, `sample/delivered`, `sample/dropped_stale`: cumulative item counts;
   `enqueued == delivered + dropped_stale + rollout_queue_size` at every moment.
 - `sample/staleness_mean`, `sample/staleness_max`: version lag (trainer version - item version)
@@ -227,8 +228,8 @@ class RolloutBuffer(Generic[T]):
             return {
                 "sample/rollout_queue_size": len(self._slots),
                 "sample/rollout_queue_maxsize": self.maxsize,
-                "rollout/backpressure_s": self._backpressure_s,
-                "perf/rollout_wait_s": self._rollout_wait_s,
+                "rollout/backpressure_total_s": self._backpressure_s,
+                "perf/rollout_wait_total_s": self._rollout_wait_s,
                 "sample/enqueued": self._enqueued,
                 "sample/delivered": self._delivered,
                 "sample/dropped_stale": self._dropped_stale,

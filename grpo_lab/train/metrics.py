@@ -1,21 +1,7 @@
 """Metrics: one JSON object per step in `metrics.jsonl`, and plot functions that read them.
 
-Names follow TRL's GRPOTrainer so that a learner can read either library's logs:
-
-    reward                  mean reward of the step's completions
-    reward_std              std of those rewards
-    frac_reward_zero_std    fraction of groups whose G rewards are all equal (no signal)
-    completions/mean_length mean completion length in tokens
-    completions/clipped_ratio fraction of completions cut at max_new_tokens (no EOS)
-    loss                    the GRPO objective (0 at the start of each batch is normal: A sums to 0)
-    ratio                   mean pi_theta / pi_old over tokens; 1 at the first update of a batch
-    kl                      mean k3 KL to the reference (only with beta > 0)
-    clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean
-                            fraction of tokens whose ratio was clipped below / above / either
-    grad_norm               gradient norm before clipping
-    eval/accuracy           greedy held-out accuracy (on evaluation steps)
-    perf/step_s, perf/generate_s, perf/fwd_bwd_s
-                            wall time of the step, its generation part, its forward+backward part
+Names follow TRL's GRPOTrainer so that a learner can read either library's logs; every name is
+explained once in grpo_lab.train.glossary.METRICS.
 """
 
 from __future__ import annotations

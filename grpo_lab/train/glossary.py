@@ -1,0 +1,56 @@
+"""Every metric the trainers write to `metrics.jsonl`, with its meaning: one table, one meaning
+per name. Names follow TRL's GRPOTrainer and AsyncGRPOTrainer where TRL logs the same thing.
+
+Values are per step unless the meaning says "cumulative". Other counters have tables of their
+own where they are served: the buffer's `stats()` (grpo_lab.rollout.buffer, cumulative totals
+such as `rollout/backpressure_total_s`), the router's and the proxy's `/proxy/stats`
+(grpo_lab.proxy.router, grpo_lab.proxy.app).
+"""
+
+from __future__ import annotations
+
+METRICS: dict[str, str] = {
+    # --- both trainers ---
+    "step": "optimizer steps done so far (1 after the first step)",
+    "reward": "mean reward of the step's completions",
+    "reward_std": "standard deviation of those rewards",
+    "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no learning signal)",
+    "completions/mean_length": "mean completion length in tokens",
+    "completions/clipped_ratio": "fraction of completions cut at max_new_tokens (no EOS)",
+    "loss": "the GRPO objective of the last update (near 0 at ratio 1: the advantages sum to 0)",
+    "ratio": "mean pi_theta / pi_old over completion tokens (1 at the first update of a batch)",
+    "kl": "mean k3 estimate of KL(pi_theta || pi_ref) over tokens (only with beta > 0)",
+    "clip_ratio/low_mean": "fraction of tokens with negative advantage clipped below 1 - epsilon_low",
+    "clip_ratio/high_mean": "fraction of tokens with positive advantage clipped above 1 + epsilon_high",
+    "clip_ratio/region_mean": "fraction of tokens clipped on either side",
+    "grad_norm": "gradient norm before clipping",
+    "eval/accuracy": "greedy accuracy on the held-out set (only on evaluation steps)",
+    "perf/step_s": "wall seconds of the step",
+    "perf/fwd_bwd_s": "seconds of the forward, backward and optimizer part of the step",
+    # --- synchronous trainer only ---
+    "perf/generate_s": "seconds spent sampling the step's completions (sync trainer)",
+    # --- asynchronous trainer (and `grpo-lab train-async`) only ---
+    "version": "the trainer's policy version after the step",
+    "time_s": "seconds since training started (after the initial evaluation)",
+    "perf/micro_batches": "forward passes the step took (token-budget micro-batches)",
+    "perf/fwd_tokens": "input tokens of those forward passes (prompt + completion, no padding)",
+    "perf/rollout_wait_s": "seconds the trainer waited for samples this step (sync mode: "
+                           "the generation time)",
+    "perf/weight_sync_s": "seconds to publish the weights this step (0 on steps without a sync)",
+    "rollout/backpressure_s": "seconds the worker was blocked on a full buffer since the last step",
+    "rollout/version_wait_s": "seconds the worker waited for a newer policy since the last step "
+                              "(the staleness admission rule)",
+    "rollout/generated_tok_s": "completion tokens per second of the worker's generation time",
+    "rollout/inflight": "most generation requests in flight at once since the last step "
+                        "(generators over HTTP only)",
+    "sample/rollout_queue_size": "groups in the buffer when the trainer came for its batch",
+    "sample/rollout_queue_maxsize": "the buffer's bound",
+    "sample/staleness_mean": "mean version lag of this step's samples",
+    "sample/staleness_max": "largest version lag of this step's samples",
+    "sample/dropped_stale": "groups dropped for staleness, cumulative",
+}
+
+
+def unknown_metrics(record: dict) -> list[str]:
+    """Names in a metrics record that the glossary does not explain."""
+    return sorted(name for name in record if name not in METRICS)
