@@ -31,6 +31,9 @@ NOTEBOOK_GOALS = {
     "02_grpo_with_lora": {
         "LoRA gain >= 10 points":
             lambda r: r["lora_accuracy_after"] >= r["lora_accuracy_before"] + 0.10,
+        "LoRA gains at least half of full fine-tuning's gain":
+            lambda r: r["lora_accuracy_after"] - r["lora_accuracy_before"]
+            >= 0.5 * (r["full_accuracy_after"] - r["lora_accuracy_before"]),
         "adapter < 2 % of the model": lambda r: r["adapter_bytes"] < 0.02 * r["model_bytes"],
         "reloaded adapter scores the same":
             lambda r: r["reloaded_accuracy"] == r["lora_accuracy_after"],
