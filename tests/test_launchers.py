@@ -30,7 +30,7 @@ from grpo_lab.jobs.hf_jobs import (
     package_source,
     upload_to_buckets,
 )
-from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main, group_members, is_alive
+from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main
 from grpo_lab.jobs.plan import RecipeConfig, recipe_plan
 from grpo_lab.jobs.specs import (
     PACKAGE_WHEEL,
@@ -41,6 +41,7 @@ from grpo_lab.jobs.specs import (
     package_wheel_name,
 )
 from grpo_lab.observe.dashboard import _router_counters, proxy_stats
+from grpo_lab.serving.process import group_members, is_alive
 
 PY = sys.executable
 # A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores

@@ -282,7 +282,8 @@ class FakeTokenizer:
 
 
 def test_routing_keys_with_and_without_a_tokenizer():
-    from grpo_lab.proxy.prompt_keys import BadRequest, routing_keys
+    from grpo_lab.proxy.prompt_keys import routing_keys
+    from grpo_lab.serving.protocol import RequestError
 
     tok = FakeTokenizer()
     assert routing_keys({"prompt": [5, 6]}, False, tok) == ([[5, 6]], [[5, 6]])
@@ -296,8 +297,12 @@ def test_routing_keys_with_and_without_a_tokenizer():
     assert routing_keys({"prompt": "abcdefgh"}, False)[1] == [pseudo_tokens("abcdefgh")]
     assert routing_keys({"messages": messages}, True)[1] == [
         pseudo_tokens(json.dumps(messages, sort_keys=True))]
-    with pytest.raises(BadRequest, match="Field required: 'messages'"):
+    with pytest.raises(RequestError, match="Field required: 'messages'"):
         routing_keys({"messages": []}, True, tok)
+    # the server's prompt rules (protocol.parse_prompts): a bool is not a token id
+    with pytest.raises(RequestError, match="'prompt' must be") as info:
+        routing_keys({"prompt": [1, True]}, False)
+    assert (info.value.status, info.value.param) == (400, "prompt")
 
 
 def test_the_tokenizer_flag_loads_a_real_tokenizer(tiny_model_dir):

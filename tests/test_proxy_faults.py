@@ -79,6 +79,7 @@ def test_body_over_the_size_limit_is_413():
         async with fleet(1, max_request_bytes=1000) as f:
             status, out, _ = await f.post("/v1/completions", {"prompt": list(range(2000))})
             assert status == 413 and "limit of 1000 bytes" in message(out)
+            assert out["error"]["type"] == "BadRequestError"  # as the server labels it
             await still_serves(f)
     run(body())
 

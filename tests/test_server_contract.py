@@ -290,6 +290,7 @@ def test_bad_completion_requests_get_clear_errors_and_the_server_stays_up(client
     exc = error(client.request, "POST", "/v1/completions", data=big,
                 headers={"Content-Type": "application/json"})
     assert exc.status == 413 and "limit of 100000 bytes" in exc.message
+    assert exc.error_type == "BadRequestError"  # the proxy labels its 413 the same
     # The exact limit is fine: prompt + max_tokens == max_model_len.
     out = client.completions([1] * 7, max_tokens=MAX_LEN - 7, ignore_eos=True, temperature=0)
     assert len(out["choices"][0]["token_ids"]) == MAX_LEN - 7

@@ -13,7 +13,11 @@ import inspect
 import types
 import typing
 
+from ..core.argv import parse_bool
 from ..core.config import GRPOConfig
+
+BOOL_FLAG = {"type": parse_bool, "nargs": "?", "const": True}
+"""A bool flag (grpo_lab.core.argv's convention): alone it means true, or takes a value."""
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -30,28 +34,21 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
 def _scalar_type(annotation):
-    """`int | None` -> int; `bool` -> a parser that accepts true/false."""
+    """`int | None` -> int."""
     if isinstance(annotation, str):
         annotation = eval(annotation, vars(typing))  # annotations are strings under __future__
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    return _parse_bool if annotation is bool else annotation
+    return annotation
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: dict | None = None,
                      exclude: tuple[str, ...] = ()):
     """One `--field-name` flag per dataclass field, with the field's docstring as help.
 
-    A bool flag alone means true (`--enable-lora`); it also takes a value (`--use-lora false`).
+    A bool flag alone means true (`--enable-lora`); it also takes a value (`--use-lora false`):
+    grpo_lab.core.argv's `flag_args` writes them that way.
     """
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -59,10 +56,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: 
             continue
         default = (defaults or {}).get(f.name, f.default)
         kind = _scalar_type(f.type)
-        extra = {"nargs": "?", "const": True} if kind is _parse_bool else {}
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, type=kind,
-            default=default, help=f"{docs.get(f.name, '')} (default: {default})", **extra,
+            f"--{f.name.replace('_', '-')}", dest=f.name, default=default,
+            help=f"{docs.get(f.name, '')} (default: {default})",
+            **(BOOL_FLAG if kind is bool else {"type": kind}),
         )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..jobs.hf_jobs import HfJobsLauncher, hf_jobs_commands
 from ..jobs.local import LaunchError, LocalLauncher, local_commands
 from ..jobs.plan import RecipeConfig, recipe_plan
-from .flags import add_config_flags, config_from_args, field_docs
+from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
 
 
 def add_launch_parser(sub) -> None:
@@ -31,7 +31,7 @@ def add_launch_parser(sub) -> None:
     launch.add_argument("--backend", choices=("local", "hf-jobs"), default="local",
                         help=field_docs(RecipeConfig)["backend"])
     add_config_flags(launch, RecipeConfig, exclude=("backend",))
-    launch.add_argument("--dry-run", action="store_true",
+    launch.add_argument("--dry-run", default=False, **BOOL_FLAG,
                         help="print the plan and the equivalent commands; start nothing")
     launch.add_argument("--run-dir", default=None,
                         help="local backend: folder for logs and plan.json (default: runs/<run-name>)")

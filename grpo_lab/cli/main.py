@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from .flags import add_config_flags, config_from_args
+from .flags import BOOL_FLAG, add_config_flags, config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build-model", help="build (or find) the cached tiny model")
     build.add_argument("--task", default="addition")
     build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--rebuild", action="store_true")
+    build.add_argument("--rebuild", default=False, **BOOL_FLAG)
     build.add_argument("--threads", type=int, default=os.cpu_count(),
                        help="torch threads for the build (default: every core; run it alone)")
 

@@ -24,6 +24,7 @@ from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 
+from ..core.argv import flag_args
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
 from ..observe.dashboard import proxy_stats
@@ -61,14 +62,9 @@ def trainer_flags(config: AsyncGRPOConfig) -> list[str]:
     model, output dir, lora rank and max staleness itself)."""
     skip = {"model", "output_dir", "lora_rank", "max_staleness", "progress"}
     default = AsyncGRPOConfig()
-    args = []
-    for f in fields(AsyncGRPOConfig):
-        value = getattr(config, f.name)
-        if f.name in skip or value == getattr(default, f.name) or value is None:
-            continue
-        args += [f"--{f.name.replace('_', '-')}", str(value).lower() if isinstance(value, bool)
-                 else str(value)]
-    return args + ["--progress", "false"]
+    changed = {f.name: getattr(config, f.name) for f in fields(AsyncGRPOConfig)
+               if f.name not in skip and getattr(config, f.name) != getattr(default, f.name)}
+    return flag_args({**changed, "progress": False})
 
 
 def _follow(launcher: LocalLauncher, metrics: Path, total: int, progress: bool,

@@ -7,16 +7,17 @@
 The same plan goes to Hugging Face Jobs through grpo_lab.jobs.hf_jobs; `grpo-lab launch`
 (grpo_lab.cli.launch) picks the backend.
 
-Local lifecycle, per job, in the plan's dependency order:
-    1. start   Popen(start_new_session=True): the job leads a new process group, so stopping
-               it also stops whatever it spawned (vLLM's engine core, a tokenizer pool, ...)
-    2. health  GET its health URL until 200; if it exits first or the deadline passes, stop
+Local lifecycle, per job, in the plan's dependency order (grpo_lab.serving.process does each):
+    1. start   `spawn`: the job leads a new process group, so stopping it also stops whatever
+               it spawned (vLLM's engine core, a tokenizer pool, ...)
+    2. health  `wait_healthy` on its health URL; if it exits first or the deadline passes, stop
                everything and raise `LaunchError` with the last 40 lines of its log
-    3. stop    SIGTERM to the group, SIGKILL after `grace_s`: on leaving the `with` block, on an
-               error, at interpreter exit (a weakref finalizer, which also runs at exit), and,
-               when the launcher runs in the main thread, when this process dies: the job's own
-               process has PR_SET_PDEATHSIG, so a notebook kernel that is killed rather than shut
-               down still takes its jobs with it (their children are then their business)
+    3. stop    `stop_groups`: SIGTERM to the group, SIGKILL after `grace_s`: on leaving the
+               `with` block, on an error, at interpreter exit (a weakref finalizer, which also
+               runs at exit), and, when the launcher runs in the main thread, when this process
+               dies: the job's own process has PR_SET_PDEATHSIG, so a notebook kernel that is
+               killed rather than shut down still takes its jobs with it (their children are
+               then their business)
 
 `python -m grpo_lab.jobs.local wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
 job (grpo_lab.jobs.plan) waits with it for the proxy before it starts the trainer.
@@ -28,17 +29,13 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
+from ..serving.process import is_alive, spawn, stop_groups, wait_healthy
 from .specs import URL_PLACEHOLDER, BucketMount, JobSpec, RunPlan
 
 LOG_TAIL_LINES = 40
@@ -60,107 +57,9 @@ def tail_lines(path: str | Path, n: int = LOG_TAIL_LINES) -> list[str]:
         return []
 
 
-def is_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (os.kill(pid, 0) also succeeds on zombies)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)  # no /proc (not Linux): the best we can do
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`, read from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # fields: state ppid pgrp
-            members.append(int(entry.name))
-    return members
-
-
-def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] | None = None,
-                 poll_s: float = 0.2) -> None:
-    """Poll `url` until it answers 200. Raises TimeoutError at the deadline, or ChildProcessError
-    as soon as `alive()` says the process behind it has exited."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer yet"
-    while True:
-        if alive is not None and not alive():
-            raise ChildProcessError(f"exited before {url} answered ({last})")
-        try:
-            with urllib.request.urlopen(url, timeout=min(5.0, max(0.5, timeout_s))) as response:
-                if response.status == 200:
-                    return
-                last = f"HTTP {response.status}"
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}"
-        except (OSError, ValueError) as exc:
-            last = type(exc).__name__
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{url} not healthy after {timeout_s:g} s ({last})")
-        time.sleep(min(poll_s, left))
-
-
 def fill_urls(text: str, urls: dict[str, str]) -> str:
     """`{url:<job>}` placeholders in `text` -> the URLs in `urls` (job name -> URL)."""
     return URL_PLACEHOLDER.sub(lambda m: urls[m.group(1)], text)
-
-
-# Runs in the child before the job's command: ask the kernel to SIGTERM this process when the
-# thread that started it dies, then become the job (exec keeps the pid and the setting).
-_PDEATHSIG_SHIM = (
-    "import ctypes,os,signal,sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # 1 = PR_SET_PDEATHSIG
-    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"  # the launcher died before prctl
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
-
-
-def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM every group, wait until the groups are empty or `grace_s` passed, SIGKILL the rest.
-
-    A module function, not a method: the weakref finalizer must not hold the launcher alive.
-    """
-    live = [p for p in procs if p.poll() is None or group_members(p.pid)]
-    for proc in reversed(live):  # the trainer first, the replicas last
-        _signal_group(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    try:
-        while time.monotonic() < deadline:
-            for proc in live:
-                proc.poll()  # reap the leader, so it does not count as a member
-            if not any(p.returncode is None or group_members(p.pid) for p in live):
-                break
-            time.sleep(0.05)
-    finally:  # also when Ctrl-C interrupts the grace period
-        for proc in live:
-            _signal_group(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0  # SIGKILL is queued, not instant: see them gone
-        for proc in live:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            while group_members(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class LocalLauncher:
@@ -178,7 +77,7 @@ class LocalLauncher:
         self.procs: dict[str, subprocess.Popen] = {}
         self._started: list[subprocess.Popen] = []  # shared with the finalizer: not `self`
         self._stopped: set[str] | None = None  # jobs still running when stop() began
-        self._finalizer = weakref.finalize(self, _stop_all, self._started, grace_s)
+        self._finalizer = weakref.finalize(self, stop_groups, self._started, grace_s)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LocalLauncher:
@@ -213,17 +112,11 @@ class LocalLauncher:
         env = {**self.environ, **job.env}
         urls = {j.name: f"http://127.0.0.1:{j.ports[0]}" for j in self.plan.jobs if j.ports}
         command = [fill_urls(arg, urls) for arg in job.command]
-        if threading.current_thread() is threading.main_thread() and sys.platform == "linux":
-            command = [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *command]
-        log = open(self.log_path(job.name), "ab")
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, cwd=self.run_dir,
-                                    start_new_session=True)
+            proc = spawn(command, env, self.log_path(job.name), append=True, cwd=self.run_dir,
+                         die_with_parent=True)
         except OSError as exc:
             raise LaunchError(f"job {job.name!r} could not start: {exc}") from exc
-        finally:
-            log.close()  # the child holds its own copy
         self.procs[job.name] = proc
         self._started.append(proc)
 
@@ -257,7 +150,7 @@ class LocalLauncher:
         """Stop every started job (idempotent)."""
         if self._stopped is None:
             self._stopped = {name for name, proc in self.procs.items() if proc.poll() is None}
-            self._finalizer()  # runs _stop_all once, then detaches
+            self._finalizer()  # runs stop_groups once, then detaches
 
     # -- looking at a run ----------------------------------------------------------------------
     def log_path(self, name: str) -> Path:

@@ -17,11 +17,12 @@ which changes nothing for the trainer: it talks to `http://127.0.0.1:<port>` eit
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..proxy.process import proxy_args
+from ..serving.process import GRPO_LAB, serve_args
 from .specs import (
     CPU_IMAGE,
     PACKAGE_WHEEL,
@@ -95,8 +96,9 @@ class RecipeConfig:
     """Local backend: how long to wait for each server's /health."""
 
 
-def _vllm_replica_args(model: str, port: int, cfg: RecipeConfig) -> list[str]:
-    return ["vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
+def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> list[str]:
+    """`vllm serve`, in vLLM's flag convention (`--enable-lora` is a store_true flag there)."""
+    return ["vllm", "serve", model, "--host", host, "--port", str(port),
             "--enable-lora", "--max-lora-rank", str(cfg.lora_rank),
             "--max-loras", str(cfg.max_staleness + 2),
             "--logprobs-mode", "processed_logprobs",
@@ -104,19 +106,12 @@ def _vllm_replica_args(model: str, port: int, cfg: RecipeConfig) -> list[str]:
             "--generation-config", "vllm"]
 
 
-def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str) -> list[str]:
-    return ["serve", model, "--host", host, "--port", str(port),
-            "--enable-lora", "--max-lora-rank", str(cfg.lora_rank),
-            "--max-loras", str(cfg.max_staleness + 2),
-            "--logprobs-mode", "processed_logprobs", "--allowed-lora-root", mount]
-
-
-def proxy_args(upstreams: list[str], host: str, port: int, token_env: str | None) -> list[str]:
-    """`grpo-lab proxy` arguments (after `grpo-lab`): one `--upstream` per replica."""
-    args = ["proxy", "--host", host, "--port", str(port)]
-    for url in upstreams:
-        args += ["--upstream", url]
-    return args + (["--upstream-token-env", token_env] if token_env else [])
+def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str,
+                           **flags) -> list[str]:
+    """`grpo-lab serve` arguments (after `grpo-lab`), the same server options as vLLM's."""
+    return serve_args(model, host, port, enable_lora=True, max_lora_rank=cfg.lora_rank,
+                      max_loras=cfg.max_staleness + 2, logprobs_mode="processed_logprobs",
+                      allowed_lora_root=mount, **flags)
 
 
 def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, ...] | list[str]
@@ -157,7 +152,6 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
                          f"path ({bucket}); leave mount_path unset")
     mount = str(bucket)
     model = cfg.base_model or "tiny"
-    grpo_lab = [sys.executable, "-m", "grpo_lab.cli"]
     engine = cfg.engine or "grpo-lab"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -165,11 +159,10 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     for i in range(cfg.replicas):
         port = free_port()
         if engine == "vllm":
-            command = _vllm_replica_args(model, port, cfg)
-            command[command.index("0.0.0.0")] = "127.0.0.1"
+            command = _vllm_replica_args(model, "127.0.0.1", port, cfg)
         else:
-            command = [*grpo_lab, *_grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount),
-                       "--num-threads", "1"]
+            command = [*GRPO_LAB, *_grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount,
+                                                          num_threads=1)]
         url = f"http://127.0.0.1:{port}"
         upstreams.append(url)
         jobs.append(JobSpec(
@@ -179,12 +172,12 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     proxy_port = free_port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     jobs.append(JobSpec(
-        name="proxy", command=[*grpo_lab, *proxy_args(upstreams, "127.0.0.1", proxy_port, None)],
+        name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port)],
         env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
     jobs.append(JobSpec(
-        name="trainer", command=[*grpo_lab, *trainer], env=dict(env),
+        name="trainer", command=[*GRPO_LAB, *trainer], env=dict(env),
         volumes=[BucketMount(mount, mount, read_only=False)], depends_on=["proxy"]))
     return RunPlan(jobs, name=run_name, backend="local")
 
@@ -209,7 +202,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     jobs = []
     for i in range(cfg.replicas):
         if engine == "vllm":
-            command, image = _vllm_replica_args(model, cfg.port, cfg), VLLM_IMAGE
+            command, image = _vllm_replica_args(model, "0.0.0.0", cfg.port, cfg), VLLM_IMAGE
         else:  # a CPU job: install grpo_lab, then serve
             serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", cfg.port, cfg, mount)])
             command, image = ["bash", "-c", f"set -e\n{install}\nexec {serve}\n"], CPU_IMAGE
@@ -220,7 +213,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     # The trainer job: the proxy on 127.0.0.1 beside the trainer (it adds the bearer token that
     # exposed ports need), a wait until every replica answers through it, then the trainer.
     proxy_url = f"http://127.0.0.1:{cfg.port}"
-    proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", cfg.port, "HF_TOKEN")
+    proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", cfg.port,
+                       upstream_token_env="HF_TOKEN")
     wait = ["python", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
             "--timeout-s", "1800", "--pid"]
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")

@@ -67,11 +67,11 @@ import aiohttp
 from aiohttp import web
 
 from ..serving.process import serve_until_signalled
+from ..serving.protocol import error_body
 from .broadcast import (
     LOAD_PATH,
     UNLOAD_PATH,
     UpstreamError,
-    error_json,
 )
 from .completions import ProxyCompletions
 from .config import ProxyConfig
@@ -170,8 +170,7 @@ class Proxy(ProxyReplicas, ProxyCompletions, ProxyControl):
     def _error(self, status: int, message: str, kind: str, replica: str | None = None,
                param: str | None = None) -> web.Response:
         self.counters["errors"][kind] += 1
-        body = error_json(message, status)
-        body["error"]["param"] = param
+        body = error_body(message, status, param=param)
         headers = {"X-Proxy-Upstream": replica} if replica else None
         return web.json_response(body, status=status, headers=headers)
 

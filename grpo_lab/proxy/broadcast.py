@@ -28,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..serving.protocol import error_body, parse_error
+
 LOAD_PATH = "/v1/load_lora_adapter"
 UNLOAD_PATH = "/v1/unload_lora_adapter"
 NOT_VISIBLE = "No adapter found"  # vLLM's 404 for a directory its mount has not seen yet
@@ -46,27 +48,9 @@ class UpstreamError(Exception):
 Send = Callable[[str, str, dict, float], Awaitable[tuple[int, str]]]
 
 
-def error_json(message: str, status: int, err_type: str | None = None) -> dict:
-    """vLLM's error body."""
-    err_type = err_type or {400: "BadRequestError", 404: "NotFoundError",
-                            502: "BadGatewayError", 503: "ServiceUnavailableError",
-                            504: "GatewayTimeoutError"}.get(status, "InternalServerError")
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-
-
 def upstream_message(text: str) -> str:
-    """The `message` of a vLLM error body, else the text itself (shortened)."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if isinstance(data, dict):
-        err = data.get("error", data.get("detail"))
-        if isinstance(err, dict):
-            return str(err.get("message", text))[:300]
-        if err is not None:
-            return str(err)[:300]
-    return text[:300]
+    """The `message` of an error answer (protocol's `parse_error`), shortened."""
+    return parse_error(text)[0][:300]
 
 
 @dataclass
@@ -144,13 +128,13 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
                    f"{rolled}{stuck}")
         err_type = None
         if status < 502:  # an HTTP answer: keep its status and type (400 stays 400, 500 stays 500)
-            err_type = _upstream_type(text)
-        return BroadcastResult(status, error_json(message, status, err_type), per_replica,
+            err_type = parse_error(text)[1]
+        return BroadcastResult(status, error_body(message, status, err_type), per_replica,
                                retries, rolled_back, rollback_failed)
     waiting = {r: text for r, (s, _, text) in outcomes.items() if s == "timeout"}
     message = (f"adapter '{name}' was not loaded on every replica within {timeout_s} s "
                f"(retried every {retry_s} s): {waiting}{rolled}{stuck}")
-    return BroadcastResult(504, error_json(message, 504), per_replica, retries, rolled_back,
+    return BroadcastResult(504, error_body(message, 504), per_replica, retries, rolled_back,
                            rollback_failed, timed_out=True)
 
 
@@ -173,7 +157,7 @@ async def broadcast(send: Send, replicas: Sequence[str], path: str, body: dict |
         return BroadcastResult(status, text, per_replica)
     bad = {r: why for r, why in per_replica.items() if not 200 <= answers[r][0] < 300}
     message = f"{path} failed on {len(bad)} of {len(answers)} replicas: {bad}"
-    return BroadcastResult(502, error_json(message, 502), per_replica)
+    return BroadcastResult(502, error_body(message, 502), per_replica)
 
 
 async def unload_everywhere(send: Send, replicas: Sequence[str], body: dict, *,
@@ -188,10 +172,10 @@ async def unload_everywhere(send: Send, replicas: Sequence[str], body: dict, *,
         replica, why = next(iter(failed.items()))
         message = (f"unloading adapter '{name}' failed on {replica}: {why} (removed on "
                    f"{removed}); the name may still be loaded there, retry the unload")
-        return BroadcastResult(502, error_json(message, 502), per_replica)
+        return BroadcastResult(502, error_body(message, 502), per_replica)
     if not removed:
         message = f"The lora adapter '{name}' cannot be found."
-        return BroadcastResult(404, error_json(message, 404, "NotFoundError"), per_replica)
+        return BroadcastResult(404, error_body(message, 404), per_replica)
     return BroadcastResult(200, f"Success: LoRA adapter '{name}' removed successfully.",
                            per_replica)
 
@@ -231,12 +215,4 @@ def _as_json(text: str, status: int) -> dict:
         data = json.loads(text)
     except ValueError:
         data = None
-    return data if isinstance(data, dict) else error_json(text[:300], status)
-
-
-def _upstream_type(text: str) -> str | None:
-    try:
-        err = json.loads(text).get("error")
-        return err.get("type") if isinstance(err, dict) else None
-    except (ValueError, AttributeError):
-        return None
+    return data if isinstance(data, dict) else error_body(text[:300], status)

@@ -19,9 +19,10 @@ import json
 import aiohttp
 from aiohttp import web
 
+from ..serving.protocol import RequestError
 from .broadcast import UpstreamError
 from .config import ProxyConfig
-from .prompt_keys import BadRequest, routing_keys
+from .prompt_keys import routing_keys
 from .replicas import transport_error
 from .router import NoReplicaAvailable, PrefixRouter
 
@@ -56,19 +57,19 @@ class ProxyCompletions:
             try:
                 body = json.loads(raw)
             except ValueError as exc:
-                raise BadRequest(f"Invalid JSON body: {exc}") from None
+                raise RequestError(f"Invalid JSON body: {exc}") from None
             if not isinstance(body, dict):
-                raise BadRequest(f"The request body must be a JSON object, got "
-                                 f"{type(body).__name__}.")
+                raise RequestError(f"The request body must be a JSON object, got "
+                                   f"{type(body).__name__}.")
             model = body.get("model") or ""
             if not isinstance(model, str):
-                raise BadRequest("'model' must be a string.", "model")
+                raise RequestError("'model' must be a string.", param="model")
             prompts, keys = routing_keys(body, request.path == "/v1/chat/completions",
                                          self.tokenizer)
         except web.HTTPRequestEntityTooLarge:
             return self._error(413, f"The request body is larger than the proxy's limit of "
                                f"{self.config.max_request_bytes} bytes.", "bad_request")
-        except BadRequest as exc:
+        except RequestError as exc:
             return self._error(exc.status, exc.message, "bad_request", param=exc.param)
         if body.get("stream"):
             return await self._stream(request, raw, keys[0], model)

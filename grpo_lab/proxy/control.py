@@ -24,13 +24,13 @@ import time
 
 from aiohttp import web
 
+from ..serving.protocol import error_body
 from .broadcast import (
     LOAD_PATH,
     UNLOAD_PATH,
     BroadcastResult,
     UpstreamError,
     broadcast,
-    error_json,
     load_everywhere,
     unload_everywhere,
 )
@@ -92,7 +92,7 @@ class ProxyControl:
             cfg = self.config
             replicas = self._up()
             if not replicas:
-                return BroadcastResult(503, error_json(
+                return BroadcastResult(503, error_body(
                     f"no replica is up ({self.down_reasons})", 503), {})
             if not load:
                 return await unload_everywhere(self._broadcast_send, replicas, body,
@@ -134,7 +134,7 @@ class ProxyControl:
         if not bad:
             return web.Response(status=200)
         message = f"{len(bad)} of {len(self.replicas)} replicas are not healthy: {bad}"
-        return web.json_response(error_json(message, 503), status=503)
+        return web.json_response(error_body(message, 503), status=503)
 
     async def one_answer(self, request: web.Request) -> web.Response:
         """/server_info and /v1/models: the first replica that answers (up replicas first)."""

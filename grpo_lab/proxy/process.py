@@ -11,11 +11,20 @@ servers through grpo_lab.serving.process: it waits until the proxy says it is re
 from __future__ import annotations
 
 import os
-import sys
 
-from ..serving.process import ServerProcess, spawn_until_ready
+from ..core.argv import flag_args
+from ..serving.process import GRPO_LAB, ServerProcess, spawn_until_ready
 
 READY_MARKER = "GRPO_LAB_PROXY_READY"
+
+
+def proxy_args(upstreams: list[str], host: str, port: int, **flags) -> list[str]:
+    """`grpo-lab proxy` argv (after `grpo-lab`): one `--upstream` per replica, then `flags`,
+    ProxyConfig fields (`lora_retry_s=0.5` -> `--lora-retry-s 0.5`, grpo_lab.core.argv)."""
+    args = ["proxy", "--host", host, "--port", str(port)]
+    for url in upstreams:
+        args += ["--upstream", url]
+    return args + flag_args(flags)
 
 
 def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: int = 0,
@@ -23,13 +32,8 @@ def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: 
                         startup_timeout_s: float = 60.0, **flags) -> ServerProcess:
     """Start `grpo-lab proxy --upstream URL ...` in its own process group; returns a handle with
     `.url` and `.stop()` (also a context manager). `flags` are ProxyConfig fields
-    (`lora_retry_s=0.5` -> `--lora-retry-s 0.5`). Pass tokens through `env`, never argv."""
-    args = [sys.executable, "-m", "grpo_lab.cli", "proxy", "--host", host, "--port", str(port)]
-    for url in upstreams:
-        args += ["--upstream", url]
-    for name, value in flags.items():
-        if value is not None:
-            args += ["--" + name.replace("_", "-"), str(value)]
+    (`proxy_args`). Pass tokens through `env`, never argv."""
+    args = [*GRPO_LAB, *proxy_args(upstreams, host, port, **flags)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return spawn_until_ready(args, env, ready_marker=READY_MARKER, ready_path="/proxy/stats",
                              what="proxy", log_path=log_path, startup_timeout_s=startup_timeout_s)

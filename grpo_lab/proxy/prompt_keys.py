@@ -8,24 +8,18 @@ the UTF-8 bytes (chat: the messages as sorted JSON) cut into 4-byte chunks, abou
 each in English text. Pseudo-blocks do not line up with the server's KV blocks, but prompts that
 share a long prefix share their leading pseudo-blocks, and that is what affinity needs.
 
-A body that no replica could ever accept (no prompt, an empty one, a wrong type) raises
-`BadRequest` with vLLM's message, so the proxy answers 400 at once without a round trip.
+A body that no replica could ever accept (no prompt, an empty one, a wrong type) raises the
+server's `RequestError` (grpo_lab.serving.protocol, the same prompt rules), so the proxy answers
+400 at once without a round trip.
 """
 
 from __future__ import annotations
 
 import json
-from array import array
+
+from ..serving.protocol import RequestError, parse_prompts
 
 TEXT_BYTES_PER_TOKEN = 4  # pseudo-tokens of text prompts: 4 UTF-8 bytes each
-
-
-class BadRequest(Exception):
-    """A request no replica would accept: the proxy answers `status` (400) with vLLM's body."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
 
 
 def pseudo_tokens(text: str) -> list[int]:
@@ -35,39 +29,12 @@ def pseudo_tokens(text: str) -> list[int]:
     return memoryview(data)[: len(data) - len(data) % TEXT_BYTES_PER_TOKEN].cast("I").tolist()
 
 
-def _is_ids(value) -> bool:
-    """A non-empty list of (64-bit) ints; the check runs at C speed (array refuses the rest)."""
-    if type(value) is not list or not value:
-        return False
-    try:
-        array("q", value)
-    except (TypeError, OverflowError):
-        return False
-    return True
-
-
-def prompt_list(prompt) -> list[str | list[int]]:
-    """vLLM's prompt forms as a list: a string, a list of strings, a list of token ids, or a list
-    of token-id lists. Anything else is a 400 that no replica would accept either."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if _is_ids(prompt):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(v, str) for v in prompt) or all(_is_ids(v) for v in prompt):
-            return list(prompt)
-    if prompt == []:
-        raise BadRequest("Prompt cannot be empty.", "prompt")
-    raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list "
-                     f"of token-id lists (non-empty), got {type(prompt).__name__}.", "prompt")
-
-
 def routing_keys(body: dict, chat: bool, tokenizer=None) -> tuple[list, list[list[int]]]:
     """-> (the prompts, the token ids to route each one on)."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("Field required: 'messages' (a non-empty list).", "messages")
+            raise RequestError("Field required: 'messages' (a non-empty list).", param="messages")
         if tokenizer is not None:
             try:
                 ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=(
@@ -77,8 +44,8 @@ def routing_keys(body: dict, chat: bool, tokenizer=None) -> tuple[list, list[lis
                 pass
         return [messages], [pseudo_tokens(json.dumps(messages, sort_keys=True))]
     if "prompt" not in body:
-        raise BadRequest("Field required: 'prompt'.", "prompt")
-    prompts = prompt_list(body["prompt"])
+        raise RequestError("Field required: 'prompt'.", param="prompt")
+    prompts = parse_prompts(body["prompt"])
     if tokenizer is None:
         return prompts, [p if isinstance(p, list) else pseudo_tokens(p) for p in prompts]
     special = body.get("add_special_tokens", True) is not False

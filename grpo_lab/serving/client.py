@@ -28,26 +28,22 @@ from typing import Any
 
 import aiohttp
 
+from .process import wait_healthy
+from .protocol import RequestError, parse_error
 
-class ServerError(Exception):
-    """A non-2xx answer: `.status`, `.body` (text), `.error_type`, `.message`, `.param`."""
+
+class ServerError(RequestError):
+    """A non-2xx answer, parsed by protocol's `parse_error`: `.status`, `.message`,
+    `.error_type` and `.param` (None when the body is not vLLM's), `.body` (the raw text)."""
 
     def __init__(self, method: str, path: str, status: int, body: str):
-        self.method, self.path, self.status, self.body = method, path, status, body
-        self.error_type = self.param = None
-        self.message = body
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            error = data.get("error", data.get("detail"))
-            if isinstance(error, dict):  # vLLM: {"error": {"message", "type", "param", "code"}}
-                self.message = str(error.get("message", body))
-                self.error_type, self.param = error.get("type"), error.get("param")
-            elif error is not None:  # {"detail": "Not Found"}, {"error": "Unauthorized"}
-                self.message = str(error)
-        super().__init__(f"{method} {path} -> {status} {self.error_type or ''}: {self.message}")
+        message, error_type, param = parse_error(body)
+        super().__init__(message, status, param=param)
+        self.method, self.path, self.body, self.error_type = method, path, body, error_type
+
+    def __str__(self) -> str:
+        return (f"{self.method} {self.path} -> {self.status} {self.error_type or ''}: "
+                f"{self.message}")
 
     @property
     def adapter_not_visible(self) -> bool:
@@ -114,11 +110,9 @@ class InferenceClient:
             return False
 
     async def wait_until_healthy(self, timeout_s: float = 120.0, interval_s: float = 0.2) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not await self.health():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.base_url} not healthy after {timeout_s} s")
-            await asyncio.sleep(interval_s)
+        """Poll /health until 200 (process's `wait_healthy`, in a thread); TimeoutError after."""
+        await asyncio.to_thread(wait_healthy, self.base_url + "/health", timeout_s,
+                                poll_s=interval_s)
 
     async def models(self) -> list[dict]:
         """The model cards: the base model first, then one per loaded adapter."""

@@ -31,22 +31,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from .protocol import RequestError
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-class AdapterError(Exception):
-    """A load that failed; carries vLLM's status code and error type for the HTTP answer."""
-
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.message, self.status, self.err_type = message, status, err_type
-
-
-def not_found(name: str, path: str) -> AdapterError:
+def not_found(name: str, path: str) -> RequestError:
     """vLLM's 'No adapter found' 404: the one load error worth retrying (a lagging mount)."""
-    return AdapterError(f"Loading lora {name} failed: No adapter found for {path}", 404,
-                        "NotFoundError")
+    return RequestError(f"Loading lora {name} failed: No adapter found for {path}", 404)
 
 
 @dataclass
@@ -83,7 +76,7 @@ def read_adapter(
     allowed_root: str | None = None,
     visibility_lag_s: float = 0.0,
 ) -> LoRAAdapter:
-    """Read and check an adapter directory; raises `AdapterError` with vLLM's status and text.
+    """Read and check an adapter directory; raises `RequestError` with vLLM's status and text.
 
     `module_shapes` maps each adaptable module name to its (out_features, in_features).
     `allowed_root`: refuse any path (after resolving `..` and symlinks) outside this directory.
@@ -94,7 +87,7 @@ def read_adapter(
     if allowed_root is not None:
         root = os.path.realpath(allowed_root)
         if not _inside(os.path.realpath(path), root):
-            raise AdapterError(f"Loading lora {name} failed: lora_path {lora_path!r} is outside "
+            raise RequestError(f"Loading lora {name} failed: lora_path {lora_path!r} is outside "
                                f"the allowed LoRA root {root!r}.")
     config_file = Path(path) / ADAPTER_CONFIG
     if not config_file.is_file():
@@ -103,59 +96,59 @@ def read_adapter(
         raise not_found(name, lora_path)  # the emulated mount has not caught up yet
     weights_file = Path(path) / ADAPTER_WEIGHTS
     if not weights_file.is_file():
-        raise AdapterError(f"Loading lora {name} failed: {lora_path} has no {ADAPTER_WEIGHTS} "
+        raise RequestError(f"Loading lora {name} failed: {lora_path} has no {ADAPTER_WEIGHTS} "
                            "(only safetensors adapters are loaded).")
     for file in (config_file, weights_file):  # a symlinked file must not lead out of the root
         if allowed_root is not None and not _inside(os.path.realpath(file), root):
-            raise AdapterError(f"Loading lora {name} failed: {file.name} resolves outside the "
+            raise RequestError(f"Loading lora {name} failed: {file.name} resolves outside the "
                                f"allowed LoRA root {root!r}.")
     try:
         config = json.loads(config_file.read_text())
         tensors = load_file(str(weights_file))
     except (OSError, ValueError) as exc:
-        raise AdapterError(f"Loading lora {name} failed: cannot read the adapter: {exc}") from exc
+        raise RequestError(f"Loading lora {name} failed: cannot read the adapter: {exc}") from exc
 
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"Loading lora {name} failed: not a LoRA adapter config.")
+        raise RequestError(f"Loading lora {name} failed: not a LoRA adapter config.")
     for key in ("use_dora", "modules_to_save", "lora_bias"):
         if config.get(key):
-            raise AdapterError(f"Loading lora {name} failed: `{key}` is not supported.")
+            raise RequestError(f"Loading lora {name} failed: `{key}` is not supported.")
     rank = int(config.get("r", 0))
     ranks = [rank, *map(int, (config.get("rank_pattern") or {}).values())]
     if max(ranks) > max_lora_rank:  # checked before the tensors, like vLLM
-        raise AdapterError(f"LoRA rank {max(ranks)} is greater than max_lora_rank "
-                           f"{max_lora_rank}.", 500, "InternalServerError")
+        raise RequestError(f"LoRA rank {max(ranks)} is greater than max_lora_rank "
+                           f"{max_lora_rank}.", 500)
 
     # PEFT names tensors `base_model.model.<module>.lora_A.weight` (and lora_B).
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", key)
         if match is None:
-            raise AdapterError(f"Loading lora {name} failed: unsupported tensor {key!r}.")
+            raise RequestError(f"Loading lora {name} failed: unsupported tensor {key!r}.")
         pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
     weights = {}
     for module, ab in pairs.items():
         if module not in module_shapes:
-            raise AdapterError(f"Loading lora {name} failed: module {module!r} is not a linear "
+            raise RequestError(f"Loading lora {name} failed: module {module!r} is not a linear "
                                "layer of the base model.")
         if set(ab) != {"A", "B"}:
-            raise AdapterError(f"Loading lora {name} failed: {module} lacks lora_A or lora_B.")
+            raise RequestError(f"Loading lora {name} failed: {module} lacks lora_A or lora_B.")
         A, B = ab["A"], ab["B"]  # (r, in), (out, r)
         out_features, in_features = module_shapes[module]
         r = A.shape[0]
         if A.shape != (r, in_features) or B.shape != (out_features, r):
-            raise AdapterError(f"Loading lora {name} failed: {module} has shapes "
+            raise RequestError(f"Loading lora {name} failed: {module} has shapes "
                                f"{tuple(A.shape)}, {tuple(B.shape)} for a {in_features}->"
                                f"{out_features} layer.")
         if r > max_lora_rank:
-            raise AdapterError(f"LoRA rank {r} is greater than max_lora_rank {max_lora_rank}.",
-                               500, "InternalServerError")
+            raise RequestError(f"LoRA rank {r} is greater than max_lora_rank {max_lora_rank}.",
+                               500)
         alpha = _pattern_value(config.get("alpha_pattern") or {}, module,
                                config.get("lora_alpha", 8))
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
         weights[module] = (A.to(dtype).contiguous(), B.to(dtype).contiguous(), float(scale))
     if not weights:
-        raise AdapterError(f"Loading lora {name} failed: the adapter has no LoRA weights.")
+        raise RequestError(f"Loading lora {name} failed: the adapter has no LoRA weights.")
     return LoRAAdapter(name=name, path=lora_path, rank=max(rank, *(w[0].shape[0] for w in
                                                                    weights.values())),
                        weights=weights)
@@ -194,7 +187,7 @@ class LoRARegistry:
     def add(self, adapter: LoRAAdapter, replace: bool = False) -> None:
         with self._lock:
             if adapter.name in self._adapters and not replace:
-                raise AdapterError(f"The lora adapter '{adapter.name}' has already been loaded. "
+                raise RequestError(f"The lora adapter '{adapter.name}' has already been loaded. "
                                    "If you want to load the adapter in place, set 'load_inplace'"
                                    " to True.", 400, "InvalidUserInput")
             adapter.id = self._next_id

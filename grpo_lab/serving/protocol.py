@@ -1,34 +1,68 @@
-"""The OpenAI/vLLM wire format of the server: request validation, response and error bodies.
+"""The OpenAI/vLLM wire format: request validation, response bodies, and errors both ways.
 
 Kept apart from the HTTP plumbing (grpo_lab.serving.server) so the field rules read in one
-place. Every rule answers what vLLM answers (docs/serving-api.md): a 400 `BadRequestError` for a
-request that can never succeed, a 404 `NotFoundError` for an unknown model, and the error body
+place; the proxy and the client use the same rules (one error type, one error body, one prompt
+check). Every rule answers what vLLM answers (docs/serving-api.md): a 400 `BadRequestError` for
+a request that can never succeed, a 404 `NotFoundError` for an unknown model, and the error body
 `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .sampling import SamplingParams
+if TYPE_CHECKING:  # torch-free at import: the proxy uses the error and prompt rules
+    from .sampling import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _MISSING = object()
 
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError",
+               502: "BadGatewayError", 503: "ServiceUnavailableError",
+               504: "GatewayTimeoutError"}
+"""The error `type` per status (any other: InternalServerError). 413 is a refused request like
+any 400, so BadRequestError (docs/serving-api.md), from the server and the proxy alike; 502-504
+are the proxy's (vLLM has no upstream)."""
+
 
 class RequestError(Exception):
-    """A request the server refuses; becomes vLLM's JSON error body with this status."""
+    """An error answer in vLLM's wire format: `.message`, `.status`, `.error_type`, `.param`.
+    The server and the proxy raise it for a request they refuse and answer `.as_body()`; the
+    client's `ServerError` is one that came back."""
 
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
+    def __init__(self, message: str, status: int = 400, error_type: str | None = None,
                  param: str | None = None):
         super().__init__(message)
-        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+        self.message, self.status, self.param = message, status, param
+        self.error_type = error_type or ERROR_TYPES.get(status, "InternalServerError")
+
+    def as_body(self) -> dict:
+        return error_body(self.message, self.status, self.error_type, self.param)
 
 
-def error_body(message: str, err_type: str, status: int, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+def error_body(message: str, status: int, error_type: str | None = None,
+               param: str | None = None) -> dict:
+    """vLLM's error body; `error_type` defaults to vLLM's type for `status`."""
+    error_type = error_type or ERROR_TYPES.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+
+
+def parse_error(text: str) -> tuple[str, str | None, str | None]:
+    """An error answer's text -> (message, type, param). vLLM's body gives all three; other JSON
+    bodies (`{"detail": "Not Found"}`, `{"error": "Unauthorized"}`) a message; else the text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text, None, None
+    error = data.get("error", data.get("detail")) if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", text)), error.get("type"), error.get("param")
+    return (text if error is None else str(error)), None, None
 
 
 def _type_name(value) -> str:
@@ -65,21 +99,29 @@ def _check(condition: bool, message: str, param: str) -> None:
         raise RequestError(message, param=param)
 
 
-def parse_prompts(prompt) -> list[str | list[int]]:
-    """vLLM's prompt forms: a string, a list of strings, a list of ids, or a list of id lists."""
-    def is_id(v):
-        return isinstance(v, int) and not isinstance(v, bool)
+def is_token_ids(value) -> bool:
+    """A non-empty list of 64-bit ints, bools excluded; checked at C speed (the proxy runs it on
+    every request): array refuses floats, strings, None and ints past 64 bits."""
+    if type(value) is not list or not value:
+        return False
+    try:
+        array("q", value)
+    except (TypeError, OverflowError):
+        return False
+    return bool not in map(type, value)
 
+
+def parse_prompts(prompt) -> list[str | list[int]]:
+    """vLLM's prompt forms as a list: a string, a list of strings, a list of token ids, or a list
+    of token-id lists. Anything else is a 400 (the server's and the proxy's)."""
     if isinstance(prompt, str):
         return [prompt]
+    if is_token_ids(prompt):
+        return [prompt]
     if isinstance(prompt, list) and prompt:
-        if all(is_id(v) for v in prompt):
-            return [prompt]
-        if all(isinstance(v, str) for v in prompt):
+        if all(isinstance(v, str) for v in prompt) or all(is_token_ids(v) for v in prompt):
             return list(prompt)
-        if all(isinstance(v, list) and v and all(is_id(t) for t in v) for v in prompt):
-            return list(prompt)
-    if isinstance(prompt, list) and not prompt:
+    if prompt == []:
         raise RequestError("Prompt cannot be empty.", param="prompt")
     raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a "
                        f"list of token-id lists (non-empty), got {_type_name(prompt)}.",
@@ -98,6 +140,8 @@ class CompletionRequest:
 
 def parse_completion_request(body, max_logprobs: int = 20) -> CompletionRequest:
     """Validate a /v1/completions body (types and ranges); lengths are checked after tokenizing."""
+    from .sampling import SamplingParams  # torch: only where requests are served
+
     if not isinstance(body, dict):
         raise RequestError(f"The request body must be a JSON object, got {_type_name(body)}.")
     if body.get("stream"):

@@ -37,14 +37,13 @@ from aiohttp import web
 
 from .config import ServeConfig
 from .engine import Engine
-from .lora_registry import AdapterError, LoRARegistry, read_adapter
+from .lora_registry import LoRARegistry, read_adapter
 from .process import READY_MARKER, serve_until_signalled
 from .protocol import (
     RequestError,
     check_prompt,
     completion_choice,
     completion_response,
-    error_body,
     model_card,
     parse_completion_request,
 )
@@ -129,13 +128,11 @@ class RolloutServer:
         try:
             return await handler(request)
         except RequestError as exc:
-            return _json(error_body(exc.message, exc.err_type, exc.status, exc.param), exc.status)
-        except AdapterError as exc:
-            return _json(error_body(exc.message, exc.err_type, exc.status), exc.status)
+            return _json(exc.as_body(), exc.status)
         except web.HTTPRequestEntityTooLarge as exc:
             message = (f"The request body is larger than the server's limit of "
                        f"{self.config.max_request_bytes} bytes ({exc.text}).")
-            return _json(error_body(message, "BadRequestError", 413), 413)
+            return _json(RequestError(message, 413).as_body(), 413)
         except web.HTTPException as exc:  # FastAPI's bodies for routing errors
             if exc.status == 404:
                 return _json({"detail": "Not Found"}, 404)
@@ -146,8 +143,7 @@ class RolloutServer:
             raise
         except Exception as exc:  # a bug or a dead engine: 500, never a crash
             traceback.print_exc()
-            return _json(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500),
-                         500)
+            return _json(RequestError(f"{type(exc).__name__}: {exc}", 500).as_body(), 500)
 
     @web.middleware
     async def _auth(self, request, handler):
@@ -237,8 +233,7 @@ class RolloutServer:
             raise RequestError(f"The lora adapter '{name}' conflicts with a served base model.",
                                400, "InvalidUserInput")
         if self.lora is None:
-            raise RequestError("LoRA is not enabled. Use --enable-lora to enable LoRA.", 500,
-                               "InternalServerError")
+            raise RequestError("LoRA is not enabled. Use --enable-lora to enable LoRA.", 500)
         if name in self.lora and not inplace:
             raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want "
                                "to load the adapter in place, set 'load_inplace' to True.", 400,
@@ -260,8 +255,7 @@ class RolloutServer:
             raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", 400,
                                "InvalidUserInput")
         if self.lora is None or self.lora.remove(name) is None:
-            raise RequestError(f"The lora adapter '{name}' cannot be found.", 404,
-                               "NotFoundError")
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", 404)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     def token_text(self, token_id: int) -> str:
@@ -277,7 +271,7 @@ class RolloutServer:
             adapter = self.lora.get(req.model) if self.lora else None
             if adapter is None:
                 raise RequestError(f"The model `{req.model}` does not exist.", 404,
-                                   "NotFoundError", param="model")
+                                   param="model")
         prompt_ids = [p if isinstance(p, list) else
                       self.tokenizer(p, add_special_tokens=req.add_special_tokens)["input_ids"]
                       for p in req.prompts]
