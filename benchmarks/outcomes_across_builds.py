@@ -98,14 +98,23 @@ def main() -> None:
             if not args.no_demo:
                 row["demo"] = run_demo(home / "demo")
             runs[seed] = row
-    all_met = all(not nb["missed"] and not nb["error"]
-                  for r in runs.values() for nb in r["notebooks"].values())
-    result = {"seeds": list(runs), "all_notebook_goals_met": all_met, "runs": runs}
+    # Merge into earlier results: a run of some notebooks or seeds updates just those entries.
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    merged = previous.get("runs") or previous.get("latest", {}).get("runs", {})
+    for seed, row in runs.items():
+        old = merged.get(str(seed), {})
+        old.update({k: v for k, v in row.items() if k != "notebooks"})
+        old["notebooks"] = {**old.get("notebooks", {}), **row["notebooks"]}
+        merged[str(seed)] = old
+    all_met = all(not nb["missed"] and not nb["error"]
+                  for r in merged.values() for nb in r["notebooks"].values())
+    demos = [r["demo"] for r in merged.values() if "accuracy_gain" in r.get("demo", {})]
+    result = {"seeds": sorted(merged), "all_notebook_goals_met": all_met,
+              "demo_gains": [round(d["accuracy_gain"], 4) for d in demos], "runs": merged}
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({**previous, "latest": result}, indent=2))
-    print(json.dumps({"all_notebook_goals_met": all_met}, indent=2))
-
+    RESULTS.write_text(json.dumps(result, indent=2))
+    print(json.dumps({"all_notebook_goals_met": all_met, "demo_gains": result["demo_gains"]},
+                     indent=2))
 
 if __name__ == "__main__":
     main()
