@@ -28,18 +28,18 @@ def test_bad_input_gives_a_clear_error_and_status_2(capsys):
 
 
 @pytest.mark.slow
-def test_sync_demo_gains_at_least_15_points(tmp_path):
+def test_sync_demo_gains_at_least_10_points(tmp_path):
     """The single-process main job (`--jobs none`), with the acceptance goal as its exit status.
     The multi-job default is tested in tests/test_multi_job.py."""
     run_dir = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "grpo_lab.cli", "demo", "--jobs", "none", "--min-gain", "0.15",
+        [sys.executable, "-m", "grpo_lab.cli", "demo", "--jobs", "none", "--min-gain", "0.10",
          "--output-dir", str(run_dir), "--progress", "false"],
         capture_output=True, text=True, timeout=900, env={**os.environ},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["accuracy_gain"] >= 0.15
-    assert "greedy accuracy gain >= +15 points: " in proc.stdout and "(met)" in proc.stdout
+    assert summary["accuracy_gain"] >= 0.10
+    assert "greedy accuracy gain >= +10 points: " in proc.stdout and "(met)" in proc.stdout
     for name in ("metrics.jsonl", "training.png", "adapter/adapter_model.safetensors"):
         assert (run_dir / name).exists(), name
