@@ -49,7 +49,11 @@ def pytest_collection_finish(session):
     # One cache: reuse what `make demo` or a notebook already built with the same recipe.
     user_copy = USER_HOME / "models" / key
     if (user_copy / "grpo_lab_recipe.json").exists() and user_copy != cached:
-        shutil.copytree(user_copy, cached)
+        from grpo_lab.core.atomic import atomic_folder
+
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(cached, keep_existing=True) as staging:  # never a half-copied model
+            shutil.copytree(user_copy, staging, dirs_exist_ok=True)
         print(f"\ntiny model: reused {user_copy}", flush=True)
         return
     capture = session.config.pluginmanager.getplugin("capturemanager")
