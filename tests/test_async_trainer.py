@@ -136,7 +136,9 @@ def test_local_generator_keeps_its_own_weights_and_versions(tiny_model_and_token
     model, tokenizer = tiny_model_and_tokenizer
     trainer = AsyncGRPOTrainer(AsyncGRPOConfig(**SMALL), model=_fresh(model), tokenizer=tokenizer)
     gen = trainer.generator
-    assert isinstance(gen, Generator)
+    assert isinstance(gen, Generator) and gen.latest_version == -1  # published by the first step
+    trainer.publish_current()
+    assert gen.latest_version == 0
     trainer_ptrs = {p.data_ptr() for p in trainer.model.parameters()}
     assert not trainer_ptrs & {p.data_ptr() for p in gen.model.parameters()}  # no shared tensor
     with torch.no_grad():

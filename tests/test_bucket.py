@@ -13,8 +13,6 @@ from safetensors.torch import load_file
 from grpo_lab.bucket.adapters import (
     AdapterBucket,
     adapter_name,
-    bucket_volume,
-    create_adapter_bucket,
 )
 
 
@@ -113,17 +111,3 @@ def test_retention_keeps_max_staleness_plus_2_and_deletes_only_unloaded(tmp_path
         if version - max_staleness - 1 >= 0:
             bucket.mark_unloaded(version - max_staleness - 1)
     assert bucket.deleted == list(range(10 - max_staleness - 2))
-
-
-def test_job_volumes_and_bucket_creation_without_network(monkeypatch):
-    trainer = bucket_volume("me/grpo-lora", "/lora")
-    replica = bucket_volume("me/grpo-lora", "/lora", read_only=True)
-    assert trainer.to_dict() == {"type": "bucket", "source": "me/grpo-lora",
-                                 "mountPath": "/lora", "readOnly": False}
-    assert replica.to_uri() == "hf://buckets/me/grpo-lora:/lora:ro"
-    calls = []
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "create_bucket", lambda *a, **k: calls.append((a, k)))
-    create_adapter_bucket("me/grpo-lora", token="hf_x")
-    assert calls == [(("me/grpo-lora",), {"private": True, "exist_ok": True, "token": "hf_x"})]

@@ -27,6 +27,7 @@ from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
     hf_jobs_commands,
+    hf_volume,
     package_source,
     upload_to_buckets,
 )
@@ -503,6 +504,9 @@ def test_the_wheel_ships_the_package_and_goes_to_the_named_bucket(tmp_path):
     seen = []
 
     class Api:
+        def create_bucket(self, bucket_id, *, private, exist_ok, token):
+            seen.append(("create", bucket_id, private, exist_ok, token))
+
         def batch_bucket_files(self, bucket_id, *, add, token):
             [(path, in_bucket)] = add
             with zipfile.ZipFile(path) as wheel:
@@ -511,10 +515,23 @@ def test_the_wheel_ships_the_package_and_goes_to_the_named_bucket(tmp_path):
     upload_to_buckets([(PACKAGE_WHEEL, f"{BUCKET}/sub/wheels/{package_wheel_name()}")],
                       token=TOKEN, api=Api(),
                       build_wheel=lambda out: build_package_wheel(out, isolated=False))
-    [(bucket_id, in_bucket, token, names)] = seen
+    created, (bucket_id, in_bucket, token, names) = seen  # the bucket exists before the upload
+    assert created == ("create", "me/grpo-lora", True, True, TOKEN)
     assert (bucket_id, in_bucket, token) == ("me/grpo-lora", f"sub/wheels/{package_wheel_name()}",
                                              TOKEN)
     assert {"grpo_lab/cli/main.py", "grpo_lab/cli/__main__.py", "grpo_lab/jobs/hf_jobs.py",
             "grpo_lab/serving/server.py"} <= names
     with pytest.raises(ValueError, match="Storage Bucket"):
         upload_to_buckets([("x.whl", "hf://buckets/me")], api=Api())
+
+
+def test_bucket_mounts_become_hub_volumes_that_match_the_cli_spec():
+    mount = BucketMount("hf://buckets/me/grpo-lora/run1", "/lora", read_only=True)
+    trainer = hf_volume(BucketMount("hf://buckets/me/grpo-lora", "/lora"))
+    replica = hf_volume(mount)
+    assert trainer.to_dict() == {"type": "bucket", "source": "me/grpo-lora",
+                                 "mountPath": "/lora", "readOnly": False}
+    assert replica.path == "run1" and replica.read_only
+    assert replica.to_uri() == mount.cli_spec() == "hf://buckets/me/grpo-lora/run1:/lora:ro"
+    with pytest.raises(ValueError, match="Storage Buckets"):
+        hf_volume(BucketMount("/tmp/bucket", "/lora"))

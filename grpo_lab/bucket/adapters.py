@@ -16,7 +16,7 @@ Publishing, as TRL's AsyncGRPOTrainer does it:
 Names are never reused (one name per version): servers key their prefix caches by adapter name.
 
 On Hugging Face Jobs the bucket is a Storage Bucket mounted into every job
-(`bucket_volume(...)`, `hf jobs run -v hf://buckets/<owner>/<bucket>:/lora ...`); mounts of
+(grpo_lab.jobs.hf_jobs: `hf jobs run -v hf://buckets/<owner>/<bucket>:/lora ...`); mounts of
 different jobs see a new directory at different moments, which is why loads are retried while
 a server answers "No adapter found".
 """
@@ -115,23 +115,3 @@ class AdapterBucket:
             self.unloaded.discard(version)
         self.deleted += gone
         return gone
-
-
-def bucket_volume(bucket_id: str, mount_path: str = "/lora", read_only: bool = False,
-                  path: str | None = None):
-    """The job volume that mounts a Storage Bucket at `mount_path` (huggingface_hub `Volume`).
-
-    Mount it read-write in the trainer job and `read_only=True` in the inference jobs; pass the
-    volumes to `huggingface_hub.run_job(..., volumes=[...])` (or `hf jobs run -v <to_uri()>`).
-    """
-    from huggingface_hub import Volume
-
-    return Volume(type="bucket", source=bucket_id, mount_path=mount_path,
-                  read_only=read_only, path=path)
-
-
-def create_adapter_bucket(bucket_id: str, private: bool = True, token: str | None = None):
-    """Create the Storage Bucket on the Hub (exist_ok); needs a token and the network."""
-    from huggingface_hub import create_bucket
-
-    return create_bucket(bucket_id, private=private, exist_ok=True, token=token)

@@ -27,6 +27,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
@@ -38,17 +39,48 @@ from ..train.metrics import read_metrics
 from .flags import add_config_flags, config_from_args
 
 
-class _NotYetPublished:
-    """Stands in for the generator while the trainer is built: the first publish happens
-    once we know whether this run starts at version 0 or resumes at version N."""
+@dataclass
+class TrainAsyncJobConfig:
+    """The trainer job's own flags of `grpo-lab train-async` (the training ones are
+    `AsyncGRPOConfig`'s)."""
 
-    latest_version = -1
+    server_url: str = ""
+    """Base URL of the proxy (or of one `grpo-lab serve` / `vllm serve`). Required."""
+    bucket: str | None = None
+    """Folder the servers load adapters from (default <output-dir>/adapters)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in the bucket, if any."""
+    checkpoint_every: int = 10
+    """Save a checkpoint to the bucket every N steps (0 = never)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
+    adapter_prefix: str = "policy"
+    """Adapters are named <prefix>-v<N> in the bucket and on the servers."""
+    request_retries: int = 3
+    """Times a completion answered 502/503/504 (a replica died under it) is sent again."""
+    max_inflight: int | None = None
+    """Most completion requests in flight at once (one request = one prompt with n = G
+    completions; default: all of a step's prompts)."""
+    api_key_env: str | None = None
+    """Environment variable holding the servers' bearer token."""
 
-    def publish(self, model, version: int) -> None:
-        pass
+    def __post_init__(self):
+        if not self.server_url:
+            raise ValueError("train-async needs --server-url (the proxy's or one server's URL)")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 
-    def generate(self, *args, **kwargs):
-        raise RuntimeError("no generator yet")
+    @property
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ValueError(f"--api-key-env {self.api_key_env}: that environment variable is "
+                             "not set or empty")
+        return key
 
 
 class LoggedHTTPGenerator(HTTPGenerator):
@@ -62,26 +94,6 @@ class LoggedHTTPGenerator(HTTPGenerator):
         super().publish(model, version)
         with self.log_path.open("a") as f:
             f.write(json.dumps(self.syncs[-1]) + "\n")
-
-
-class ResumableAsyncGRPOTrainer(AsyncGRPOTrainer):
-    """`AsyncGRPOTrainer` whose version may run ahead of `step // weight_sync_steps`.
-
-    After a resume the first version is the next unused one, `version_offset` ahead of the
-    checkpoint's. The worker's admission rule counts batches from the step count, so its first
-    batch index is shifted by the same number of syncs; otherwise the worker would start batches
-    one sync too early and the buffer would drop them as too stale.
-    """
-
-    version_offset = 0
-
-    def start_steps(self) -> None:
-        step = self.step_count
-        self.step_count = step + self.version_offset * self.config.weight_sync_steps
-        try:
-            super().start_steps()  # the worker's first batch index is read from step_count
-        finally:
-            self.step_count = step
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -110,22 +122,18 @@ def _reset_live_versions(generator: HTTPGenerator, bucket: AdapterBucket) -> lis
     return loaded
 
 
-def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str | None = None,
-                    resume: bool = False, checkpoint_every: int = 0, keep_checkpoints: int = 2,
-                    api_key: str | None = None, prefix: str = "policy",
-                    request_retries: int = 3, max_inflight: int | None = None) -> dict:
-    """Train against `server_url`; returns (and writes) the run's summary."""
+def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
+    """Train against `job.server_url`; returns (and writes) the run's summary."""
     if not config.output_dir:
         raise ValueError("train-async needs --output-dir")
     if not config.use_lora:
         raise ValueError("train-async syncs adapters through the bucket: it needs use_lora")
-    if checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    resume, prefix = job.resume, job.adapter_prefix
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bucket = AdapterBucket(bucket_dir or out / "adapters", prefix=prefix,
+    bucket = AdapterBucket(job.bucket or out / "adapters", prefix=prefix,
                            max_staleness=config.max_staleness)
-    checkpoints = Checkpoints(bucket.root / "checkpoints", keep=keep_checkpoints)
+    checkpoints = Checkpoints(bucket.root / "checkpoints", keep=job.keep_checkpoints)
     latest = checkpoints.latest() if resume else None
     if not resume and bucket.versions():
         raise ValueError(f"{bucket.root} already holds {prefix}-v* adapters: pass --resume to "
@@ -144,29 +152,28 @@ def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str
             if version not in logged:
                 f.write(json.dumps({"version": version, "recovered": True}) + "\n")
 
-    generator = LoggedHTTPGenerator(server_url, bucket, api_key=api_key,
+    generator = LoggedHTTPGenerator(job.server_url, bucket, api_key=job.api_key,
                                     max_staleness=config.max_staleness, seed=config.seed,
-                                    log_path=out / "syncs.jsonl", retries=request_retries,
-                                    max_inflight=max_inflight)
+                                    log_path=out / "syncs.jsonl", retries=job.request_retries,
+                                    max_inflight=job.max_inflight)
     try:
-        trainer = ResumableAsyncGRPOTrainer(config, generator=_NotYetPublished())
+        trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes when it starts
         trainer.logger.records = list(previous)
         # Adapters of this name the servers still hold come from a killed attempt (or an
         # earlier run into another bucket): never sample from them.
         unloaded = _reset_live_versions(generator, bucket)
         if latest is not None:
-            Checkpoints.load(latest, trainer)
-        # The next unused version: the bucket may hold versions newer than the checkpoint
-        # (or, killed before the first checkpoint, versions of an attempt that restarts at 0).
+            Checkpoints.load(latest, trainer)  # weights, optimizer, step, version, RNGs
+        # Start at the next unused version: the bucket may hold versions newer than the
+        # checkpoint (or, killed before the first checkpoint, versions of an attempt that
+        # restarts at 0). The trainer publishes it first and counts on from there.
         start_version = max([trainer.version if latest else -1, *bucket.versions()]) + 1
         if resume:
             print(f"resuming from {latest.name if latest else 'step 0 (no checkpoint)'}: step "
                   f"{trainer.step_count}, version {trainer.version} -> {start_version}; "
                   f"unloaded {unloaded}", flush=True)
-        trainer.generator = generator
-        generator.publish(trainer.model, start_version)  # (re-)register the live version
-        trainer.version_offset = start_version - trainer.version
         trainer.version = start_version
+        trainer.publish_current()  # (re-)register the live version before anything else
 
         counters = dict(state.get("counters", {}))
         offsets = {k: counters.get(k, 0) for k in ("dropped_stale", "enqueued", "delivered")}
@@ -180,7 +187,7 @@ def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str
             return {**now, "lost_on_resume": lost}
 
         def on_step(record: dict) -> None:
-            if checkpoint_every and record["step"] % checkpoint_every == 0:
+            if job.checkpoint_every and record["step"] % job.checkpoint_every == 0:
                 # Counters at a step boundary: what is in the buffer now is not trained yet.
                 checkpoints.save(trainer, {"counters": totals(),
                                            "accuracy_before": accuracy_before()})
@@ -220,36 +227,12 @@ def run_train_async(config: AsyncGRPOConfig, server_url: str, *, bucket_dir: str
 def add_train_async_parser(sub) -> None:
     parser = sub.add_parser("train-async", help="the trainer job: asynchronous LoRA GRPO against "
                             "inference servers (a proxy or one server), adapters through a bucket")
-    parser.add_argument("--server-url", required=True,
-                        help="base URL of the proxy (or of one `grpo-lab serve` / `vllm serve`)")
-    parser.add_argument("--bucket", default=None, metavar="DIR",
-                        help="folder the servers load adapters from (default <output-dir>/adapters)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in the bucket, if any")
-    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
-                        help="save a checkpoint to the bucket every N steps (0 = never)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2,
-                        help="how many of the newest checkpoints to keep")
-    parser.add_argument("--adapter-prefix", default="policy",
-                        help="adapters are named <prefix>-v<N> in the bucket and on the servers")
-    parser.add_argument("--request-retries", type=int, default=3,
-                        help="times a completion answered 502/503/504 (a replica died under it) "
-                        "is sent again")
-    parser.add_argument("--max-inflight", type=int, default=None, metavar="N",
-                        help="most completion requests in flight at once (one request = one "
-                        "prompt with n = G completions; default: all of a step's prompts)")
-    parser.add_argument("--api-key-env", default=None, metavar="VAR",
-                        help="environment variable holding the servers' bearer token")
+    add_config_flags(parser, TrainAsyncJobConfig)
     add_config_flags(parser, AsyncGRPOConfig)
 
 
 def train_async_main(args) -> int:
-    config = config_from_args(args, AsyncGRPOConfig)
-    summary = run_train_async(
-        config, args.server_url, bucket_dir=args.bucket, resume=args.resume,
-        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
-        prefix=args.adapter_prefix, request_retries=args.request_retries,
-        max_inflight=args.max_inflight)
+    summary = run_train_async(config_from_args(args, AsyncGRPOConfig),
+                              config_from_args(args, TrainAsyncJobConfig))
     print(json.dumps(summary, indent=2), flush=True)
     return 0

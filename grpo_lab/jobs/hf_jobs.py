@@ -84,7 +84,8 @@ def split_bucket_path(uri: str) -> tuple[str, str]:
 def upload_to_buckets(uploads: list[tuple[str, str]], *, token: str | None = None, api=None,
                       build_wheel: Callable[[Path], Path] = build_package_wheel) -> None:
     """Put a plan's uploads into their buckets (`HfApi.batch_bucket_files`), building the
-    grpo_lab wheel first where PACKAGE_WHEEL is named."""
+    grpo_lab wheel first where PACKAGE_WHEEL is named. Each bucket is created first if it does
+    not exist yet (private), so a plan runs on a new bucket as submitted."""
     if api is None:
         from huggingface_hub import HfApi
 
@@ -96,6 +97,7 @@ def upload_to_buckets(uploads: list[tuple[str, str]], *, token: str | None = Non
             bucket_id, path_in_bucket = split_bucket_path(destination)
             by_bucket.setdefault(bucket_id, []).append((str(path), path_in_bucket))
         for bucket_id, add in by_bucket.items():
+            api.create_bucket(bucket_id, private=True, exist_ok=True, token=token)
             api.batch_bucket_files(bucket_id, add=add, token=token)
 
 

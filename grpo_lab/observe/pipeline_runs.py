@@ -93,7 +93,7 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
                               seed=config.seed, max_inflight=max_inflight)
     start = time.perf_counter()
     try:
-        trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes version 0
+        trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes v0 when it starts
         records = [r for r in trainer.train() if r.get("step", 0) > 0]
     finally:
         try:

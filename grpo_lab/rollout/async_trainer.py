@@ -63,6 +63,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     `train()` starts the worker after the initial evaluation and stops it at the end, even on
     error. Calling `step()` directly starts it too; then call `stop_steps()` when done.
+
+    The run starts at `step_count` and `version` (0 and 0; a resumed job sets both, e.g. from a
+    checkpoint, before training): the first step publishes the weights as `version`, and later
+    versions count up from there, one every `weight_sync_steps` steps.
     """
 
     config: AsyncGRPOConfig
@@ -75,8 +79,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         # A fast tokenizer must not be used by two threads at once ("Already borrowed"), and
         # evaluation uses the trainer's: the worker gets its own copy.
         self.worker_tokenizer = copy.deepcopy(self.tokenizer)
-        self.version = 0
-        self.generator.publish(self.model, self.version)
+        self.version = 0  # published by the first step (`publish_current`)
         self._published = threading.Condition()  # the worker waits here for a newer version
         self.buffer: RolloutBuffer[ScoredGroup] | None = None
         self._worker: threading.Thread | None = None
@@ -86,6 +89,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         # the trainer never borrows a core that the worker is about to take back.
         self._worker_busy = threading.Event()
         self._admission_needs: int | None = None  # version a waiting worker needs (None: not waiting)
+        self._version_offset = 0  # version - step // weight_sync_steps when the steps started
         self._worker_error: BaseException | None = None
         self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0)
         self._last = dict(self._counters, backpressure_s=0.0, tok_s=0.0)
@@ -116,8 +120,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         batch_index = first_batch
         try:
             while not self._stop.is_set():
-                # Admission: batch j is trained at version j // weight_sync_steps.
-                needed = batch_index // cfg.weight_sync_steps - cfg.max_staleness
+                # Admission: batch j is trained at version j // weight_sync_steps (plus the
+                # offset of a run that did not start at version 0).
+                needed = (batch_index // cfg.weight_sync_steps + self._version_offset
+                          - cfg.max_staleness)
                 with self._published:
                     start = time.perf_counter()
                     while self.version < needed and not self._stop.is_set():
@@ -143,12 +149,22 @@ class AsyncGRPOTrainer(GRPOTrainer):
         finally:
             self._worker_busy.clear()
 
+    def publish_current(self) -> None:
+        """Publish the weights as `version` unless the generator already has it (the run's
+        first step; after a resume, the version it continues at)."""
+        if self.generator.latest_version < self.version:
+            self.generator.publish(self.model, self.version)
+            self._version_offset = self.version - self.step_count // self.config.weight_sync_steps
+
     def start_steps(self) -> None:
         """Start the rollout worker (called by `train()` after the initial evaluation)."""
         cfg = self.config
         torch.set_num_threads(cfg.trainer_threads)
         self._started_at = time.perf_counter()
-        if not cfg.asynchronous or (self._worker is not None and self._worker.is_alive()):
+        if self._worker is not None and self._worker.is_alive():
+            return
+        self.publish_current()
+        if not cfg.asynchronous:
             return
         self.buffer = RolloutBuffer(cfg.effective_buffer_size, cfg.max_staleness)
         self._last["backpressure_s"] = 0.0
@@ -250,6 +266,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             }
             self._last["backpressure_s"] = stats["rollout/backpressure_total_s"]
         else:
+            self.publish_current()  # step() called directly, outside train()
             torch.set_num_threads(cfg.generator_threads)
             groups = self.produce(self.version)
             torch.set_num_threads(cfg.trainer_threads)
