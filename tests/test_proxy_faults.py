@@ -178,7 +178,7 @@ def test_a_refused_connection_reroutes_and_no_replica_is_503():
         dead = f"http://127.0.0.1:{free_port()}"
         # probes never take a replica out here: the refused connection itself must do it
         async with fleet(1, upstreams=[dead], health_failures=1000) as f:
-            f.proxy.router._rr = f.proxy.replicas.index(dead)  # round robin: the dead one next
+            f.proxy.router._rr = f.proxy.replicas.urls.index(dead)  # round robin: the dead one next
             status, out, h = await f.post("/v1/completions", {"prompt": P1})
             assert status == 200 and h["X-Proxy-Upstream"] == f.stubs[0].url
             status, out, h = await f.post("/v1/completions", {"prompt": [P1, P2]})

@@ -19,9 +19,20 @@ Routing. Each prompt is routed on its token ids; text and chat prompts on the id
 `--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched
 request is routed prompt by prompt: split across the replicas, and the choices merged back in
 prompt order with `index` renumbered (the reference proxy routed a batch on its first prompt).
-A streamed request goes whole to the replica of its first prompt. These completion routes are
-in grpo_lab.proxy.completions; the others (broadcasts, health, info, stats) in
-grpo_lab.proxy.control.
+A streamed request goes whole to the replica of its first prompt.
+
+Parts. `Proxy` builds them, starts and stops them, and wires the routes to them:
+
+    PrefixRouter          router.py        which replica gets each prompt
+    ReplicaSet            replicas.py      the replicas: calls to them, the health probe, which
+                                           of them are in routing, the resync
+    CompletionForwarder   completions.py   the completion routes: split, send, merge, stream
+    Broadcaster           control.py       /pause, /resume, adapter loads and unloads
+    FleetInfo             control.py       /health, /server_info, /v1/models
+
+`/proxy/stats`, unknown routes (404; 405 for a known path with another method) and the error
+answers of every part (`Proxy.error`, handed to them) are the proxy's own. Each part keeps its
+own counters; `/proxy/stats` joins them.
 
 Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
 400 (bad JSON, a missing or malformed prompt), 404 (unknown route), 413 (body over
@@ -33,7 +44,6 @@ or a refused connection, take a replica out of routing and fail its requests in 
 it is probed until it answers, synced to a healthy peer's adapters (what it lacks is loaded,
 what the fleet dropped meanwhile unloaded), and routed again. Broadcasts go to the replicas
 in routing only: one that is out catches up through that resync instead of failing them.
-Calls to the replicas, the probe and the resync are in grpo_lab.proxy.replicas.
 
 Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.proxy.http_pool), which
 halves the proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py);
@@ -58,103 +68,69 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import sys
 import time
-import weakref
 
-import aiohttp
 from aiohttp import web
 
 from ..serving.process import serve_until_signalled
 from ..serving.protocol import error_body
-from .broadcast import (
-    LOAD_PATH,
-    UNLOAD_PATH,
-    UpstreamError,
-)
-from .completions import ProxyCompletions
+from .broadcast import LOAD_PATH, UNLOAD_PATH
+from .completions import CompletionForwarder
 from .config import ProxyConfig
-from .control import BROADCAST_PATHS, ProxyControl
-from .http_pool import ConnectionPool
+from .control import BROADCAST_PATHS, Broadcaster, FleetInfo
 from .process import READY_MARKER
-from .replicas import ProxyReplicas
+from .replicas import ReplicaSet
 from .router import PrefixRouter, RouterConfig
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
+KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/server_info",
+               "/v1/models", "/proxy/stats", *BROADCAST_PATHS)
 
 
-class Proxy(ProxyReplicas, ProxyCompletions, ProxyControl):
-    """The proxy's state: the router, the sessions to the replicas, the probe, the counters.
-
-    Calls to the replicas and their health come from `ProxyReplicas`, the completion routes
-    from `ProxyCompletions`, the other routes from `ProxyControl`."""
+class Proxy:
+    """The proxy, built from its parts: the router, the replica set, the completion forwarder,
+    the broadcaster and the fleet's info routes. It starts and stops them, answers /proxy/stats
+    and unknown routes, and counts the errors it answers itself (`error`, handed to the parts)."""
 
     def __init__(self, config: ProxyConfig, token: str | None = None):
         self.config = config
-        self.replicas = list(config.upstreams)
-        self.router = PrefixRouter(self.replicas, RouterConfig(
-            config.block_size, config.imbalance, config.max_tracked_blocks))
         if token is None and config.upstream_token_env:
             token = os.environ.get(config.upstream_token_env)
             if not token:
                 raise ValueError(f"--upstream-token-env {config.upstream_token_env}: that "
                                  "environment variable is not set or empty")
-        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.tokenizer = None
         if config.tokenizer:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-        self._pool: ConnectionPool | None = None  # completions
-        self._session: aiohttp.ClientSession | None = None  # streamed completions
-        self._control: aiohttp.ClientSession | None = None  # probes and broadcasts
+        self.router = PrefixRouter(config.upstreams, RouterConfig(
+            config.block_size, config.imbalance, config.max_tracked_blocks))
+        self.errors = dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
+                                     "down", "no_replica"), 0)
+        self.replicas = ReplicaSet(config, self.router, token)
+        self.completions = CompletionForwarder(config, self.replicas, self.router,
+                                               self.tokenizer, self.error)
+        self.broadcaster = Broadcaster(config, self.replicas, self.error)
+        self.info = FleetInfo(config, self.replicas, self.error)
         self._tasks: list[asyncio.Task] = []
-        # tasks waiting on each replica, and those cancelled because their replica went down
-        self._calls: dict[str, set[asyncio.Task]] = {r: set() for r in self.replicas}
-        self._killed: dict[asyncio.Task, str] = {}
-        self._failures = dict.fromkeys(self.replicas, 0)
-        self.down_reasons: dict[str, str] = {}
-        self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._started = time.monotonic()
-        self.counters = {
-            "completion_calls": 0, "split_batches": 0, "rerouted": 0,
-            "errors": dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
-                                     "down", "no_replica"), 0),
-            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in BROADCAST_PATHS},
-            "retries": 0, "rollbacks": 0, "rollback_failures": 0, "load_timeouts": 0,
-            "marked_down": 0, "resynced_adapters": 0,
-        }
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, app=None) -> None:
-        cfg = self.config
-        # completions: the lean pool; streamed completions: aiohttp
-        self._pool = ConnectionPool(cfg.conn_limit, self._auth, cfg.connect_timeout_s)
-        self._session = aiohttp.ClientSession(
-            headers={**self._auth, **_JSON_HEADERS},
-            connector=aiohttp.TCPConnector(limit=cfg.conn_limit, keepalive_timeout=4.0),
-            timeout=aiohttp.ClientTimeout(total=cfg.request_timeout_s,
-                                          sock_connect=cfg.connect_timeout_s))
-        # A separate, small pool: probes must not queue behind 1,024 long completions.
-        self._control = aiohttp.ClientSession(
-            headers=self._auth, connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=4.0),
-            timeout=aiohttp.ClientTimeout(total=cfg.control_timeout_s,
-                                          sock_connect=cfg.connect_timeout_s))
-        self._tasks.append(asyncio.create_task(self._probe_forever()))
-        if cfg.stats_every_s > 0:
+        await self.replicas.open()
+        self._tasks.append(asyncio.create_task(self.replicas.probe_forever()))
+        if self.config.stats_every_s > 0:
             self._tasks.append(asyncio.create_task(self._log_forever()))
 
     async def close(self, app=None) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for session in (self._session, self._control):
-            if session is not None:
-                await session.close()
-        if self._pool is not None:
-            self._pool.close()
+        await self.replicas.close()
 
     async def _log_forever(self) -> None:
         last = None
@@ -167,23 +143,35 @@ class Proxy(ProxyReplicas, ProxyCompletions, ProxyControl):
 
     # ------------------------------------------------------------------ answers
 
-    def _error(self, status: int, message: str, kind: str, replica: str | None = None,
-               param: str | None = None) -> web.Response:
-        self.counters["errors"][kind] += 1
+    def error(self, status: int, message: str, kind: str, replica: str | None = None,
+              param: str | None = None) -> web.Response:
+        """An answer the proxy makes itself: vLLM's error body, counted under `kind`."""
+        self.errors[kind] += 1
         body = error_body(message, status, param=param)
         headers = {"X-Proxy-Upstream": replica} if replica else None
         return web.json_response(body, status=status, headers=headers)
 
-    def _upstream_error(self, exc: UpstreamError, replica: str | None) -> web.Response:
-        kind = {"connect": "no_replica"}.get(exc.kind, exc.kind)
-        return self._error(exc.status, exc.message, kind, replica)
+    def stats(self) -> dict:
+        """The router's counters, then the parts' (the JSON of /proxy/stats)."""
+        out = self.router.stats()
+        counters = {**self.completions.counters, "errors": self.errors,
+                    **self.broadcaster.counters, **self.replicas.counters}
+        out.update(json.loads(json.dumps(counters)))  # a copy
+        out.update(upstreams=self.replicas.urls, down_reasons=dict(self.replicas.down_reasons),
+                   uptime_s=round(time.monotonic() - self._started, 1))
+        return out
 
-    def _no_replica(self) -> web.Response:
-        return self._error(503, f"no replica is up ({self.down_reasons}); the proxy probes them "
-                           f"every {self.config.health_interval_s:g} s", "no_replica")
+    async def stats_route(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        if request.path in KNOWN_PATHS:
+            return web.json_response({"detail": "Method Not Allowed"}, status=405)
+        self.errors["not_found"] += 1
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+
 PROXY_KEY = web.AppKey("proxy", Proxy)
-
-
 
 
 def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:
@@ -192,15 +180,15 @@ def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:
     proxy = Proxy(config, token)
     app = web.Application(client_max_size=config.max_request_bytes)
     app[PROXY_KEY] = proxy
-    app.router.add_post("/v1/completions", proxy.completions)
-    app.router.add_post("/v1/chat/completions", proxy.completions)
-    app.router.add_post("/pause", proxy.pause_resume)
-    app.router.add_post("/resume", proxy.pause_resume)
-    app.router.add_post(LOAD_PATH, proxy.adapter_op)
-    app.router.add_post(UNLOAD_PATH, proxy.adapter_op)
-    app.router.add_get("/health", proxy.health)
-    app.router.add_get("/server_info", proxy.one_answer)
-    app.router.add_get("/v1/models", proxy.one_answer)
+    app.router.add_post("/v1/completions", proxy.completions.forward)
+    app.router.add_post("/v1/chat/completions", proxy.completions.forward)
+    app.router.add_post("/pause", proxy.broadcaster.pause_resume)
+    app.router.add_post("/resume", proxy.broadcaster.pause_resume)
+    app.router.add_post(LOAD_PATH, proxy.broadcaster.adapter_op)
+    app.router.add_post(UNLOAD_PATH, proxy.broadcaster.adapter_op)
+    app.router.add_get("/health", proxy.info.health)
+    app.router.add_get("/server_info", proxy.info.one_answer)
+    app.router.add_get("/v1/models", proxy.info.one_answer)
     app.router.add_get("/proxy/stats", proxy.stats_route)
     app.router.add_route("*", "/{tail:.*}", proxy.not_found)
     app.on_startup.append(proxy.start)

@@ -9,12 +9,14 @@
                     answer names the replica(s) in `X-Proxy-Upstream`
 
 A streamed request goes whole to the replica of its first prompt, and its bytes pass through.
+`CompletionForwarder` does all this; it reaches the replicas through a `ReplicaSet` (replicas.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -23,7 +25,7 @@ from ..serving.protocol import RequestError
 from .broadcast import UpstreamError
 from .config import ProxyConfig
 from .prompt_keys import routing_keys
-from .replicas import transport_error
+from .replicas import ReplicaSet, transport_error
 from .router import NoReplicaAvailable, PrefixRouter
 
 
@@ -32,25 +34,35 @@ def _looks_like_json_object(data: bytes) -> bool:
     return data[:1] == b"{" and data.rstrip()[-1:] == b"}"
 
 
-class ProxyCompletions:
-    """The completion half of `Proxy` (a mixin): `_call` and `_mark_down` come from
-    `ProxyReplicas`, `_error`, `_upstream_error` and `_no_replica` from `Proxy`."""
+class CompletionForwarder:
+    """The completion routes: `forward` answers them. The replicas are called through
+    `replicas`; the answers the proxy makes itself come from `error` (counted by the proxy)."""
 
-    config: ProxyConfig
-    replicas: list[str]
-    router: PrefixRouter
-    counters: dict
-    tokenizer: object | None  # for text and chat prompts; None = UTF-8 pseudo-tokens
-    _session: aiohttp.ClientSession | None  # streamed completions
+    def __init__(self, config: ProxyConfig, replicas: ReplicaSet, router: PrefixRouter,
+                 tokenizer: object | None, error: Callable[..., web.Response]):
+        self.config = config
+        self.replicas = replicas
+        self.router = router
+        self.tokenizer = tokenizer  # for text and chat prompts; None = UTF-8 pseudo-tokens
+        self.error = error  # (status, message, kind, replica=None, param=None) -> response
+        self.counters = {"completion_calls": 0, "split_batches": 0, "rerouted": 0}
+
+    def _upstream_error(self, exc: UpstreamError, replica: str | None) -> web.Response:
+        kind = {"connect": "no_replica"}.get(exc.kind, exc.kind)
+        return self.error(exc.status, exc.message, kind, replica)
+
+    def _no_replica(self) -> web.Response:
+        return self.error(503, f"no replica is up ({self.replicas.down_reasons}); the proxy "
+                          f"probes them every {self.config.health_interval_s:g} s", "no_replica")
 
     def _relay(self, status: int, data: bytes, ctype: str, replica: str) -> web.Response:
         if not _looks_like_json_object(data):
-            return self._error(502, f"replica {replica} answered {status} with a body that is "
-                               f"not a JSON object: {data[:100]!r}", "garbage", replica)
+            return self.error(502, f"replica {replica} answered {status} with a body that is "
+                              f"not a JSON object: {data[:100]!r}", "garbage", replica)
         return web.Response(body=data, status=status,
                             headers={"Content-Type": ctype, "X-Proxy-Upstream": replica})
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def forward(self, request: web.Request) -> web.StreamResponse:
         self.counters["completion_calls"] += 1
         try:
             raw = await request.read()
@@ -67,10 +79,10 @@ class ProxyCompletions:
             prompts, keys = routing_keys(body, request.path == "/v1/chat/completions",
                                          self.tokenizer)
         except web.HTTPRequestEntityTooLarge:
-            return self._error(413, f"The request body is larger than the proxy's limit of "
-                               f"{self.config.max_request_bytes} bytes.", "bad_request")
+            return self.error(413, f"The request body is larger than the proxy's limit of "
+                              f"{self.config.max_request_bytes} bytes.", "bad_request")
         except RequestError as exc:
-            return self._error(exc.status, exc.message, "bad_request", param=exc.param)
+            return self.error(exc.status, exc.message, "bad_request", param=exc.param)
         if body.get("stream"):
             return await self._stream(request, raw, keys[0], model)
         return await self._dispatch(request.path, body, raw, prompts, keys, model)
@@ -80,7 +92,7 @@ class ProxyCompletions:
         connection is marked down and its share routed again."""
         pending = list(range(len(keys)))
         results: dict[int, tuple] = {}  # prompt -> (replica, sub-answer, place in it, its size)
-        for _attempt in range(len(self.replicas)):
+        for _attempt in range(len(self.replicas.urls)):
             groups: dict[str, list[int]] = {}
             try:
                 for i in pending:
@@ -103,7 +115,7 @@ class ProxyCompletions:
             retry, failures = [], []
             for (replica, idxs), out in zip(groups.items(), outcomes):
                 if isinstance(out, UpstreamError) and out.kind == "connect":
-                    self._mark_down(replica, out.message)
+                    self.replicas.mark_down(replica, out.message)
                     retry += idxs
                 elif isinstance(out, dict):
                     results.update((i, (replica, out, pos, len(idxs)))
@@ -127,7 +139,7 @@ class ProxyCompletions:
         data = raw if raw is not None else json.dumps(
             {**body, "prompt": [prompts[i] for i in idxs]}).encode()
         try:
-            status, reply, ctype = await self._call(replica, path, data)
+            status, reply, ctype = await self.replicas.call(replica, path, data)
         except UpstreamError as exc:
             return exc
         finally:
@@ -142,9 +154,9 @@ class ProxyCompletions:
                 raise ValueError(f"{len(choices)} choices for {len(idxs)} prompts")
             choices.sort(key=lambda c: c["index"])
         except (ValueError, KeyError, TypeError) as exc:
-            return self._error(502, f"replica {replica} answered {status} with a body that is "
-                               f"not a JSON completion ({exc}): {reply[:100]!r}", "garbage",
-                               replica)
+            return self.error(502, f"replica {replica} answered {status} with a body that is "
+                              f"not a JSON completion ({exc}): {reply[:100]!r}", "garbage",
+                              replica)
         return answer
 
     def _merge(self, prompts, results) -> web.Response:
@@ -174,7 +186,7 @@ class ProxyCompletions:
             return self._no_replica()
         out = None
         try:
-            async with self._session.post(replica + request.path, data=raw) as reply:
+            async with self.replicas.stream(replica, request.path, raw) as reply:
                 out = web.StreamResponse(status=reply.status, headers={
                     "Content-Type": reply.headers.get("Content-Type", "text/event-stream"),
                     "X-Proxy-Upstream": replica})
@@ -186,7 +198,7 @@ class ProxyCompletions:
         except (aiohttp.ClientError, OSError) as exc:
             err = transport_error(replica, exc, self.config.request_timeout_s)
             if err.kind == "connect":
-                self._mark_down(replica, err.message)
+                self.replicas.mark_down(replica, err.message)
             if out is None:
                 return self._upstream_error(err, replica)
             return out  # already streaming: the client sees the stream end early

@@ -1,17 +1,18 @@
-"""The proxy's control routes (grpo_lab.proxy.app): everything but the completions.
+"""The proxy's control routes (grpo_lab.proxy.app): broadcasts, and the fleet as one server.
 
+`Broadcaster`, the requests that change the replicas' state:
     POST /pause, /resume              sent to every replica in routing
     POST /v1/load_lora_adapter        every replica in routing or none (grpo_lab.proxy.broadcast);
                                       one operation per adapter name at a time
     POST /v1/unload_lora_adapter      every replica in routing
+
+`FleetInfo`, the fleet presented as one server:
     GET  /health                      200 only if every replica answers 200
     GET  /server_info, /v1/models     from one healthy replica; data_parallel_size 1
-    GET  /proxy/stats                 the router's and the proxy's counters, as JSON
-    anything else                     404 (405 for a known path with another method)
 
 A broadcast goes to the replicas in routing; one that is down catches up when it comes back
-(`_resync`, grpo_lab.proxy.replicas). Loads and pause/resume are shielded: a client that hangs
-up does not cut them in half.
+(`ReplicaSet`'s resync, grpo_lab.proxy.replicas). Loads and pause/resume are shielded: a client
+that hangs up does not cut them in half.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import json
 import re
 import sys
-import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -35,23 +36,24 @@ from .broadcast import (
     unload_everywhere,
 )
 from .config import ProxyConfig
-from .router import PrefixRouter
+from .replicas import ReplicaSet
 
 BROADCAST_PATHS = ("/pause", "/resume", LOAD_PATH, UNLOAD_PATH)
-KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/server_info",
-               "/v1/models", "/proxy/stats", *BROADCAST_PATHS)
 
 
-class ProxyControl:
-    """The control half of `Proxy` (a mixin): `_send`, `_probe`, `_mark_down` and `_lock` come
-    from `ProxyReplicas`, `_error` from `Proxy`."""
+class Broadcaster:
+    """Pause, resume, load and unload on every replica in routing, and their counters. The
+    answers the proxy makes itself come from `error` (counted by the proxy)."""
 
-    config: ProxyConfig
-    replicas: list[str]
-    router: PrefixRouter
-    counters: dict
-    down_reasons: dict[str, str]
-    _started: float  # time.monotonic() at start
+    def __init__(self, config: ProxyConfig, replicas: ReplicaSet,
+                 error: Callable[..., web.Response]):
+        self.config = config
+        self.replicas = replicas
+        self.error = error  # (status, message, kind, replica=None, param=None) -> response
+        self.counters = {
+            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in BROADCAST_PATHS},
+            "retries": 0, "rollbacks": 0, "rollback_failures": 0, "load_timeouts": 0,
+        }
 
     async def adapter_op(self, request: web.Request) -> web.Response:
         """Load or unload on every replica, one operation per adapter name at a time."""
@@ -59,41 +61,36 @@ class ProxyControl:
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
-            return self._error(400, f"Invalid JSON body: {exc}", "bad_request")
+            return self.error(400, f"Invalid JSON body: {exc}", "bad_request")
         body = body if isinstance(body, dict) else {}
         name, path = body.get("lora_name"), body.get("lora_path")
         if not (isinstance(name, str) and name) or (load and not (isinstance(path, str) and path)):
             message = ("Both 'lora_name' and 'lora_path' must be provided." if load else
                        "'lora_name' needs to be provided to unload a LoRA adapter.")
-            return self._error(400, message, "bad_request")
+            return self.error(400, message, "bad_request")
         self.counters["broadcasts"][request.path.rsplit("/", 1)[1]] += 1
         # shield: a client that hangs up must not cut a load in half (no partial fleet)
         result = await asyncio.shield(asyncio.ensure_future(self._adapter_op(load, name, body)))
         return self._broadcast_answer(result)
 
-    def _up(self) -> list[str]:
-        """Replicas in routing: broadcasts go to these. One that is down catches up when it
-        comes back (`_resync`), so it must not fail a broadcast meanwhile."""
-        return [r for r in self.replicas if r not in self.down_reasons]
-
     async def _broadcast_send(self, replica: str, path: str, body: dict | None,
                               timeout_s: float) -> tuple[int, str]:
-        """`_send` for broadcasts: a refused connection takes the replica out at once, so the
-        caller's retry of the broadcast goes to the replicas that are left."""
+        """`ReplicaSet.send` for broadcasts: a refused connection takes the replica out at once,
+        so the caller's retry of the broadcast goes to the replicas that are left."""
         try:
-            return await self._send(replica, path, body, timeout_s)
+            return await self.replicas.send(replica, path, body, timeout_s)
         except UpstreamError as exc:
             if exc.kind == "connect":
-                self._mark_down(replica, exc.message)
+                self.replicas.mark_down(replica, exc.message)
             raise
 
     async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
-        async with self._lock(name):
+        async with self.replicas.adapter_lock(name):
             cfg = self.config
-            replicas = self._up()
+            replicas = self.replicas.up()
             if not replicas:
                 return BroadcastResult(503, error_body(
-                    f"no replica is up ({self.down_reasons})", 503), {})
+                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
             if not load:
                 return await unload_everywhere(self._broadcast_send, replicas, body,
                                                retry_s=cfg.lora_retry_s,
@@ -120,30 +117,42 @@ class ProxyControl:
 
     async def pause_resume(self, request: web.Request) -> web.Response:
         self.counters["broadcasts"][request.path.lstrip("/")] += 1
-        replicas = self._up()
+        replicas = self.replicas.up()
         if not replicas:
-            return self._error(503, f"no replica is up ({self.down_reasons})", "no_replica")
+            return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
+                              "no_replica")
         result = await asyncio.shield(asyncio.ensure_future(broadcast(
             self._broadcast_send, replicas, request.path_qs, None,
             self.config.request_timeout_s)))
         return self._broadcast_answer(result)
 
+
+class FleetInfo:
+    """/health, /server_info and /v1/models: the fleet answers as one server."""
+
+    def __init__(self, config: ProxyConfig, replicas: ReplicaSet,
+                 error: Callable[..., web.Response]):
+        self.config = config
+        self.replicas = replicas
+        self.error = error  # (status, message, kind, replica=None, param=None) -> response
+
     async def health(self, request: web.Request) -> web.Response:
-        reasons = await asyncio.gather(*(self._probe(r) for r in self.replicas))
-        bad = {r: why for r, why in zip(self.replicas, reasons) if why}
+        urls = self.replicas.urls
+        reasons = await asyncio.gather(*(self.replicas.probe(r) for r in urls))
+        bad = {r: why for r, why in zip(urls, reasons) if why}
         if not bad:
             return web.Response(status=200)
-        message = f"{len(bad)} of {len(self.replicas)} replicas are not healthy: {bad}"
+        message = f"{len(bad)} of {len(urls)} replicas are not healthy: {bad}"
         return web.json_response(error_body(message, 503), status=503)
 
     async def one_answer(self, request: web.Request) -> web.Response:
         """/server_info and /v1/models: the first replica that answers (up replicas first)."""
-        order = sorted(self.replicas, key=lambda r: r in self.down_reasons)
+        order = sorted(self.replicas.urls, key=lambda r: r in self.replicas.down_reasons)
         why = "no replica"
         for replica in order:
             try:
-                status, text = await self._send(replica, request.path_qs, None,
-                                                self.config.control_timeout_s, "GET")
+                status, text = await self.replicas.send(replica, request.path_qs, None,
+                                                        self.config.control_timeout_s, "GET")
             except UpstreamError as exc:
                 why = exc.message
                 continue
@@ -155,23 +164,7 @@ class ProxyControl:
             ctype = "application/json" if text.lstrip()[:1] in ("{", "[") else "text/plain"
             return web.Response(text=text, status=status, content_type=ctype,
                                 headers={"X-Proxy-Upstream": replica})
-        return self._error(503, f"no replica answered {request.path}: {why}", "no_replica")
-
-    def stats(self) -> dict:
-        out = self.router.stats()
-        out.update(json.loads(json.dumps(self.counters)))  # a copy
-        out.update(upstreams=self.replicas, down_reasons=dict(self.down_reasons),
-                   uptime_s=round(time.monotonic() - self._started, 1))
-        return out
-
-    async def stats_route(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats())
-
-    async def not_found(self, request: web.Request) -> web.Response:
-        if request.path in KNOWN_PATHS:
-            return web.json_response({"detail": "Method Not Allowed"}, status=405)
-        self.counters["errors"]["not_found"] += 1
-        return web.json_response({"detail": "Not Found"}, status=404)
+        return self.error(503, f"no replica answered {request.path}: {why}", "no_replica")
 
 
 def _one_replica_info(text: str) -> str:

@@ -1,13 +1,16 @@
 """The replicas behind the proxy (grpo_lab.proxy.app): calls to them, which of them are in routing.
 
-    _send     one control call (probes, broadcasts, /server_info): a session of its own, so
-              probes never queue behind long completions
-    _call     one completion over the lean pool (http_pool.py); `_mark_down` cuts it short
-    _probe    GET /health every `health_interval_s`; `health_failures` failures in a row, or a
-              refused connection, take a replica out of routing (`_mark_down`) and fail its
-              requests in flight (503)
-    _resync   a replica that answers again gets a healthy peer's adapters (what it lacks loaded,
-              what the fleet dropped meanwhile unloaded) before it is routed to again
+`ReplicaSet` owns the replicas, their health and the connections to them:
+
+    send        one control call (probes, broadcasts, /server_info): a session of its own, so
+                probes never queue behind long completions
+    call        one completion over the lean pool (http_pool.py); `mark_down` cuts it short
+    stream      a streamed completion (aiohttp: its bytes pass through)
+    probe       GET /health; `probe_forever` calls it every `health_interval_s`:
+                `health_failures` failures in a row, or a refused connection, take a replica out
+                of routing (`mark_down`) and fail its requests in flight (503)
+    _resync     a replica that answers again gets a healthy peer's adapters (what it lacks
+                loaded, what the fleet dropped meanwhile unloaded) before it is routed to again
 
 A call that gets no HTTP answer becomes an `UpstreamError` (`transport_error`), whose `kind`
 says what the proxy does next: `connect` takes the replica out, the others answer 502/504.
@@ -27,6 +30,8 @@ from .config import ProxyConfig
 from .http_pool import ConnectFailed, ConnectionPool, InvalidResponse
 from .router import PrefixRouter
 
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
 
 def transport_error(replica: str, exc: BaseException, timeout_s: float) -> UpstreamError:
     """A failed call with no HTTP answer -> what the proxy answers (kind drives what it does)."""
@@ -43,24 +48,56 @@ def transport_error(replica: str, exc: BaseException, timeout_s: float) -> Upstr
                          f"({type(exc).__name__}: {exc})", "closed")
 
 
-class ProxyReplicas:
-    """The replica half of `Proxy` (a mixin): `Proxy.__init__` and `Proxy.start` set this state."""
+class ReplicaSet:
+    """The replicas, which of them are in routing, and the connections to them. `open` before
+    the first call, `close` after the last; `probe_forever` runs as a task in between."""
 
-    config: ProxyConfig
-    replicas: list[str]
-    router: PrefixRouter
-    counters: dict
-    down_reasons: dict[str, str]  # replica -> why it is out of routing
-    _pool: ConnectionPool | None  # completions
-    _control: aiohttp.ClientSession | None  # probes and broadcasts
-    _calls: dict[str, set[asyncio.Task]]  # tasks waiting on each replica
-    _killed: dict[asyncio.Task, str]  # ... cancelled because their replica went down
-    _failures: dict[str, int]  # failed probes in a row
-    _locks: weakref.WeakValueDictionary  # adapter name -> its lock
+    def __init__(self, config: ProxyConfig, router: PrefixRouter, token: str | None = None):
+        self.config = config
+        self.router = router  # told when a replica leaves routing and when it comes back
+        self.urls = list(config.upstreams)
+        self.down_reasons: dict[str, str] = {}  # replica -> why it is out of routing
+        self.counters = {"marked_down": 0, "resynced_adapters": 0}
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._pool: ConnectionPool | None = None  # completions
+        self._session: aiohttp.ClientSession | None = None  # streamed completions
+        self._control: aiohttp.ClientSession | None = None  # probes and broadcasts
+        # tasks waiting on each replica, and those cancelled because their replica went down
+        self._calls: dict[str, set[asyncio.Task]] = {r: set() for r in self.urls}
+        self._killed: dict[asyncio.Task, str] = {}
+        self._failures = dict.fromkeys(self.urls, 0)  # failed probes in a row
+        self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # name -> lock
+
+    async def open(self) -> None:
+        cfg = self.config
+        # completions: the lean pool; streamed completions: aiohttp
+        self._pool = ConnectionPool(cfg.conn_limit, self._auth, cfg.connect_timeout_s)
+        self._session = aiohttp.ClientSession(
+            headers={**self._auth, **_JSON_HEADERS},
+            connector=aiohttp.TCPConnector(limit=cfg.conn_limit, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=cfg.request_timeout_s,
+                                          sock_connect=cfg.connect_timeout_s))
+        # A separate, small pool: probes must not queue behind 1,024 long completions.
+        self._control = aiohttp.ClientSession(
+            headers=self._auth, connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=cfg.control_timeout_s,
+                                          sock_connect=cfg.connect_timeout_s))
+
+    async def close(self) -> None:
+        for session in (self._session, self._control):
+            if session is not None:
+                await session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     # ------------------------------------------------------------------ replicas up and down
 
-    def _mark_down(self, replica: str, reason: str) -> None:
+    def up(self) -> list[str]:
+        """Replicas in routing: broadcasts go to these. One that is down catches up when it
+        comes back (`_resync`), so it must not fail a broadcast meanwhile."""
+        return [r for r in self.urls if r not in self.down_reasons]
+
+    def mark_down(self, replica: str, reason: str) -> None:
         if replica in self.down_reasons:
             return
         self.down_reasons[replica] = reason
@@ -72,7 +109,7 @@ class ProxyReplicas:
                 self._killed[task] = reason
                 task.cancel()
 
-    async def _probe(self, replica: str) -> str:
+    async def probe(self, replica: str) -> str:
         """'' if /health answers 200, else why not."""
         try:
             async with self._control.get(replica + "/health", timeout=aiohttp.ClientTimeout(
@@ -82,14 +119,14 @@ class ProxyReplicas:
         except (aiohttp.ClientError, OSError) as exc:
             return transport_error(replica, exc, self.config.health_timeout_s).message
 
-    async def _probe_forever(self) -> None:
+    async def probe_forever(self) -> None:
         while True:
-            reasons = await asyncio.gather(*(self._probe(r) for r in self.replicas))
-            for replica, why in zip(self.replicas, reasons):
+            reasons = await asyncio.gather(*(self.probe(r) for r in self.urls))
+            for replica, why in zip(self.urls, reasons):
                 if why:
                     self._failures[replica] += 1
                     if self._failures[replica] >= self.config.health_failures:
-                        self._mark_down(replica, f"health probe: {why}")
+                        self.mark_down(replica, f"health probe: {why}")
                     continue
                 self._failures[replica] = 0
                 if replica in self.down_reasons:
@@ -105,13 +142,13 @@ class ProxyReplicas:
 
     async def _adapters(self, replica: str) -> dict[str, str]:
         """{name: path} of the adapter cards in the replica's /v1/models."""
-        status, text = await self._send(replica, "/v1/models", None, self.config.control_timeout_s,
-                                         "GET")
+        status, text = await self.send(replica, "/v1/models", None, self.config.control_timeout_s,
+                                       "GET")
         if status != 200:
             raise UpstreamError(502, f"{replica}/v1/models answered {status}", "closed")
         return {c["id"]: c.get("root") for c in json.loads(text)["data"] if c.get("parent")}
 
-    def _lock(self, name: str) -> asyncio.Lock:
+    def adapter_lock(self, name: str) -> asyncio.Lock:
         """One adapter operation per name at a time (broadcasts and resyncs)."""
         return self._locks.setdefault(name, asyncio.Lock())
 
@@ -119,21 +156,21 @@ class ProxyReplicas:
         """Before routing to a replica that came back, give it the adapters of a healthy peer:
         load what it lacks (a restarted server has none), unload what the peer dropped while it
         was away. Returns '' or why it stays out of routing."""
-        peers = [r for r in self.replicas if r != replica and r not in self.down_reasons]
+        peers = [r for r in self.urls if r != replica and r not in self.down_reasons]
         if not peers:
             return ""
         timeout_s = self.config.control_timeout_s
         try:
             want, have = await self._adapters(peers[0]), await self._adapters(replica)
             for name in sorted(want.keys() ^ have.keys()):
-                async with self._lock(name):  # no broadcast of this name is half done now
+                async with self.adapter_lock(name):  # no broadcast of this name is half done now
                     want, have = await self._adapters(peers[0]), await self._adapters(replica)
                     if name in want and name not in have:
-                        status, text = await self._send(replica, LOAD_PATH, {
+                        status, text = await self.send(replica, LOAD_PATH, {
                             "lora_name": name, "lora_path": want[name]}, timeout_s)
                     elif name in have and name not in want:
-                        status, text = await self._send(replica, UNLOAD_PATH,
-                                                        {"lora_name": name}, timeout_s)
+                        status, text = await self.send(replica, UNLOAD_PATH,
+                                                       {"lora_name": name}, timeout_s)
                     else:
                         continue
                 if status != 200:
@@ -145,8 +182,8 @@ class ProxyReplicas:
 
     # ------------------------------------------------------------------ upstream calls
 
-    async def _send(self, replica: str, path: str, body: dict | None, timeout_s: float,
-                    method: str = "POST") -> tuple[int, str]:
+    async def send(self, replica: str, path: str, body: dict | None, timeout_s: float,
+                   method: str = "POST") -> tuple[int, str]:
         """One control call (broadcasts, probes, one-answer routes): (status, text)."""
         try:
             async with self._control.request(method, replica + path, json=body,
@@ -155,8 +192,8 @@ class ProxyReplicas:
         except (aiohttp.ClientError, OSError) as exc:
             raise transport_error(replica, exc, timeout_s) from None
 
-    async def _call(self, replica: str, path: str, data: bytes) -> tuple[int, bytes, str]:
-        """POST a completion to one replica -> (status, body, content type). `_mark_down` cuts
+    async def call(self, replica: str, path: str, data: bytes) -> tuple[int, bytes, str]:
+        """POST a completion to one replica -> (status, body, content type). `mark_down` cuts
         it short by cancelling the calling task, which then raises UpstreamError (503)."""
         task = asyncio.current_task()
         calls = self._calls[replica]
@@ -175,3 +212,7 @@ class ProxyReplicas:
         finally:
             calls.discard(task)
             self._killed.pop(task, None)
+
+    def stream(self, replica: str, path: str, data: bytes):
+        """POST a streamed completion: `async with` it for the aiohttp reply, read as it comes."""
+        return self._session.post(replica + path, data=data)
