@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from .grpo_loss import LOSS_TYPES
-from .rewards import REWARDS
+from .devices import DTYPES
+from .reward_set import RewardSet
 from .tasks import TASKS
 
 LR_SCHEDULES = ("constant", "linear")
@@ -26,11 +27,25 @@ class GRPOConfig:
     difficulty: int | None = None
     """Task difficulty: digits for addition, list length for sort (None = task default)."""
     reward: str = "exact_match"
-    """Reward function name: `exact_match` or `math_answer` (see grpo_lab.core.rewards)."""
+    """Reward functions, comma separated: `exact_match`, `math_answer`, `format`, or
+    `module:function` from your code; the first is what evaluation counts
+    (grpo_lab.core.reward_set)."""
+    reward_weights: str | None = None
+    """One weight per reward, comma separated (None = 1 each): `1,0.2`."""
+    system_prompt: str | None = None
+    """System message put before each prompt (models with a chat template only)."""
+    chat_template: bool | None = None
+    """Format text prompts with the tokenizer's chat template: None = when it has one
+    (grpo_lab.core.prompts); conversational prompts always use it."""
     seed: int = 0
     """Seeds prompt sampling, generation and LoRA initialisation."""
-    device: str = "cpu"
-    """`cpu`, `cuda`, ...: where the model runs."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`...: where the model runs."""
+    dtype: str = "auto"
+    """Weights' dtype: `auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `bfloat16`,
+    `float16`. Log-probabilities are computed in float32 whatever it is."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30 % more time per step."""
     num_threads: int | None = None
     """torch intra-op threads for this process (None = torch's default)."""
 
@@ -85,13 +100,22 @@ class GRPOConfig:
     """Folder for metrics.jsonl, config.json and the adapter/model (None = write nothing)."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    log_completions_every: int = 50
+    """Print a few prompts with their completions and rewards every N steps, and append them
+    to `<output_dir>/completions.jsonl` (0 = never)."""
+    num_completions_to_print: int = 2
+    """Prompts shown each time (each with its G completions' rewards, the best and worst)."""
 
     def __post_init__(self):
         problems = []
         if self.task not in TASKS:
             problems.append(f"unknown task {self.task!r} (choose one of {sorted(TASKS)})")
-        if self.reward not in REWARDS:
-            problems.append(f"unknown reward {self.reward!r} (choose one of {sorted(REWARDS)})")
+        try:
+            RewardSet.parse(self.reward, self.reward_weights)
+        except ValueError as exc:
+            problems.append(str(exc))
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            problems.append(f"unknown dtype {self.dtype!r} (choose auto or one of {sorted(DTYPES)})")
         if self.loss_type not in LOSS_TYPES:
             problems.append(f"unknown loss_type {self.loss_type!r} (choose one of {LOSS_TYPES})")
         if self.num_generations < 2:
@@ -117,6 +141,8 @@ class GRPOConfig:
             problems.append("need 0 <= epsilon_low < 1 and epsilon_high >= 0")
         if self.beta < 0:
             problems.append(f"beta must be >= 0 (got {self.beta})")
+        if self.log_completions_every < 0 or self.num_completions_to_print < 0:
+            problems.append("log_completions_every and num_completions_to_print must be >= 0")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
         if problems:

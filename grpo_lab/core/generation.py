@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import GenerationConfig
 
+from .prompts import Prompt, encode_prompts
+
 
 @dataclass
 class Completions:
@@ -72,15 +74,19 @@ def sampling_config(
 def generate_completions(
     model,
     tokenizer,
-    prompts: list[str],
+    prompts: list[Prompt],
     *,
     max_new_tokens: int,
     num_generations: int = 1,
     temperature: float = 1.0,
     do_sample: bool = True,
+    system_prompt: str | None = None,
+    chat_template: bool | None = None,
 ) -> Completions:
-    """Sample `num_generations` completions per text prompt (greedy if `do_sample=False`)."""
-    prompt_ids = tokenizer(prompts)["input_ids"]  # no padding: sample_from_ids pads
+    """Sample `num_generations` completions per prompt (greedy if `do_sample=False`); prompts are
+    text or conversations, turned into ids as TRL does (grpo_lab.core.prompts)."""
+    prompt_ids = encode_prompts(tokenizer, prompts, system_prompt=system_prompt,
+                                chat_template=chat_template)  # no padding: sample_from_ids pads
     return sample_from_ids(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens,
                            num_generations=num_generations, temperature=temperature,
                            do_sample=do_sample)

@@ -88,4 +88,17 @@ def math_answer_reward(completions, answer, **kwargs) -> list[float]:
     return rewards
 
 
-REWARDS = {"exact_match": exact_match_reward, "math_answer": math_answer_reward}
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 when the completion states a final answer in a checkable form, `#### x` (GSM8K) or
+    `\\boxed{x}` (MATH), right or wrong; else 0.0. Beside a correctness reward it rewards the
+    habit of answering in the form the grader reads, which a small model learns first."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        rewards.append(float(bool(re.search(r"####\s*\S", text) or _boxed_contents(text))))
+    return rewards
+
+
+REWARDS = {"exact_match": exact_match_reward, "math_answer": math_answer_reward,
+           "format": format_reward}
+"""The built-in rewards by name; `grpo_lab.core.reward_set` adds `module:function` from your code."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.generation import Completions
+from ..core.prompts import encode_prompts
 from ..core.tasks import Problem
 from ..train.packing import accumulate_grpo_loss, make_micro_batches
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
@@ -54,8 +55,9 @@ class ScoredGroup:
 
     problem: Problem
     completions: Completions  # G rows
-    rewards: torch.Tensor  # (G,)
+    rewards: torch.Tensor  # (G,) the weighted sum
     advantages: torch.Tensor  # (G,)
+    parts: dict[str, torch.Tensor]  # each reward function's scores, (G,) each
 
 
 class AsyncGRPOTrainer(GRPOTrainer):
@@ -101,18 +103,20 @@ class AsyncGRPOTrainer(GRPOTrainer):
         """Sample, score and compute advantages for one step's prompts with policy `version`."""
         cfg = self.config
         problems = self.task.sample_batch(self.rng, cfg.prompts_per_step)
-        prompt_ids = self.worker_tokenizer([p.prompt for p in problems])["input_ids"]
+        prompt_ids = encode_prompts(self.worker_tokenizer, [p.prompt for p in problems],
+                                    **self.prompt_format)
         start = time.perf_counter()
         out = self.generator.generate(  # Stage 1
             prompt_ids, version=version, num_generations=cfg.num_generations,
             max_new_tokens=self.max_new_tokens, temperature=cfg.temperature)
-        rewards, advantages = self.score(problems, out)  # Stages 2-3
+        rewards, advantages, parts = self.score(problems, out)  # Stages 2-3
         self._counters["gen_s"] += time.perf_counter() - start
         self._counters["gen_tokens"] += out.num_tokens
         G = cfg.num_generations
-        return [ScoredGroup(p, out[k * G:(k + 1) * G], rewards[k * G:(k + 1) * G],
-                            advantages[k * G:(k + 1) * G])
-                for k, p in enumerate(problems)]
+        rows = [slice(k * G, (k + 1) * G) for k in range(len(problems))]
+        return [ScoredGroup(p, out[r], rewards[r], advantages[r],
+                            {name: v[r] for name, v in parts.items()})
+                for p, r in zip(problems, rows)]
 
     def _rollout_loop(self, first_batch: int) -> None:
         cfg = self.config
@@ -194,12 +198,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ stage 4 (the trainer)
 
-    def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions]:
+    def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions, dict]:
         out = Completions.concat([g.completions for g in groups])
         rewards = torch.cat([g.rewards for g in groups])
         advantages = torch.cat([g.advantages for g in groups])
+        parts = {name: torch.cat([g.parts[name] for g in groups]) for name in groups[0].parts}
         batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
-        return batch.to(self.config.device), out
+        return batch.to(self.device), out, parts
 
     def _pick_threads(self, _micro_batch=None) -> None:
         cfg = self.config
@@ -276,16 +281,18 @@ class AsyncGRPOTrainer(GRPOTrainer):
                         "rollout/backpressure_s": 0.0, "sample/rollout_queue_size": 0,
                         "sample/rollout_queue_maxsize": 0, "sample/dropped_stale": 0}
         got = time.perf_counter()
-        batch, out = self.collate(groups)
+        batch, out, parts = self.collate(groups)
         metrics = self.optimize(batch)
         trained = time.perf_counter()
         self.step_count += 1
+        self.completion_log.log(self.step_count, [g.problem for g in groups], out,
+                                batch.rewards.cpu(), parts)
         sync_s = 0.0
         if not cfg.asynchronous or self.step_count % cfg.weight_sync_steps == 0:
             sync_s = self.publish()
         done = time.perf_counter()
         metrics.update(step=self.step_count, version=self.version,
-                       **rollout_metrics(batch.rewards, out, cfg.num_generations))
+                       **rollout_metrics(batch.rewards, out, cfg.num_generations, parts))
         metrics.update(pipeline)
         metrics.update({
             "sample/staleness_mean": sum(staleness) / len(staleness),

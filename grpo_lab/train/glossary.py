@@ -15,6 +15,9 @@ METRICS: dict[str, str] = {
     "reward": "mean reward of the step's completions",
     "reward_std": "standard deviation of those rewards",
     "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no learning signal)",
+    "rewards/<name>/mean": "mean score of one reward function (its name in `reward`) before "
+                           "weighting",
+    "rewards/<name>/std": "standard deviation of that reward function's scores",
     "completions/mean_length": "mean completion length in tokens",
     "completions/clipped_ratio": "fraction of completions cut at max_new_tokens (no EOS)",
     "loss": "the GRPO objective of the last update (near 0 at ratio 1: the advantages sum to 0)",
@@ -51,6 +54,14 @@ METRICS: dict[str, str] = {
 }
 
 
+def glossary_name(name: str) -> str:
+    """`rewards/math_answer/mean` -> `rewards/<name>/mean`: the glossary's row for a metric."""
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "rewards":
+        return f"rewards/<name>/{parts[2]}"
+    return name
+
+
 def unknown_metrics(record: dict) -> list[str]:
     """Names in a metrics record that the glossary does not explain."""
-    return sorted(name for name in record if name not in METRICS)
+    return sorted(name for name in record if glossary_name(name) not in METRICS)

@@ -26,10 +26,13 @@ from ..core.config import GRPOConfig
 from ..core.evaluation import greedy_accuracy
 from ..core.generation import Completions, generate_completions
 from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
-from ..core.rewards import REWARDS
+from ..core.devices import resolve_device, resolve_dtype
+from ..core.prompts import render_prompt
+from ..core.reward_set import RewardSet
 from ..core.tasks import Problem, make_task
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
 from .metrics import MetricsLogger
+from .samples import CompletionLog
 
 
 def pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +75,17 @@ class RolloutBatch:
         return RolloutBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in the backward pass (transformers' "gradient
+    checkpointing", renamed activation checkpointing in transformers 5); non-reentrant, so it
+    works with a frozen base under a LoRA adapter."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers 4
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class GRPOTrainer:
     """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records."""
 
@@ -80,18 +94,24 @@ class GRPOTrainer:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.task = make_task(config.task, config.difficulty, eval_size=config.eval_size)
-        self.reward_fn = REWARDS[config.reward]
+        self.rewards = RewardSet.parse(config.reward, config.reward_weights)
+        self.reward_fn = self.rewards.correctness  # what the held-out evaluation counts
         self.max_new_tokens = config.max_new_tokens or self.task.max_answer_chars + 2
         self.rng = random.Random(config.seed)  # prompt sampling
         torch.manual_seed(config.seed)  # LoRA init and sampling
+        self.device = resolve_device(config.device)
 
         if model is None:
             path = self.resolve_model_path(config)
-            model, tokenizer = load_model_and_tokenizer(path, device=config.device)
+            model, tokenizer = load_model_and_tokenizer(
+                path, device=self.device, dtype=resolve_dtype(config.dtype, self.device))
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         self.tokenizer = tokenizer
-        self.model = self._prepare_model(model.to(config.device))
+        # How prompts become ids, in training and evaluation alike (grpo_lab.core.prompts).
+        self.prompt_format = {"system_prompt": config.system_prompt,
+                              "chat_template": config.chat_template}
+        self.model = self._prepare_model(model.to(self.device))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
         self.num_trainable = sum(p.numel() for p in params)
@@ -106,6 +126,10 @@ class GRPOTrainer:
             out.mkdir(parents=True, exist_ok=True)
             config.save(out / "config.json")
         self.logger = MetricsLogger(out / "metrics.jsonl" if out else None)
+        self.completion_log = CompletionLog(
+            config.log_completions_every, config.num_completions_to_print, out,
+            prompt_text=lambda prompt: render_prompt(self.tokenizer, prompt, **self.prompt_format),
+            write=tqdm.write)
 
     @staticmethod
     def resolve_model_path(config: GRPOConfig):
@@ -115,6 +139,8 @@ class GRPOTrainer:
         return config.model
 
     def _prepare_model(self, model):
+        if self.config.gradient_checkpointing:
+            enable_activation_checkpointing(model)
         if not self.config.use_lora:
             return model.train()
         from peft import LoraConfig, get_peft_model
@@ -130,30 +156,35 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the algorithm
 
-    def make_batch(self, problems: list[Problem]) -> tuple[RolloutBatch, Completions]:
-        """Stages 1-3: sample, score, and compute advantages for a list of problems."""
+    def make_batch(self, problems: list[Problem]) -> tuple[RolloutBatch, Completions, dict]:
+        """Stages 1-3: sample, score, and compute advantages for a list of problems; returns the
+        batch, the completions and each reward function's scores."""
         G = self.config.num_generations
         # Stage 1: G completions per prompt, with the sampling policy's per-token logprobs.
         self.model.eval()
         out = generate_completions(
             self.model, self.tokenizer, [p.prompt for p in problems],
             max_new_tokens=self.max_new_tokens, num_generations=G,
-            temperature=self.config.temperature,
+            temperature=self.config.temperature, **self.prompt_format,
         )
         self.model.train()
-        rewards, advantages = self.score(problems, out)
+        rewards, advantages, parts = self.score(problems, out)
         batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
-        return batch.to(self.config.device), out
+        return batch.to(self.device), out, parts
 
-    def score(self, problems: list[Problem], out: Completions) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stages 2-3: (rewards, advantages), each (B,), for G completions per problem."""
+    def score(self, problems: list[Problem], out: Completions
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Stages 2-3: (rewards, advantages, each reward function's scores), each (B,), for G
+        completions per problem."""
         G = self.config.num_generations
-        # Stage 2: rewards, one per completion (answers repeated G times, prompt-major).
+        # Stage 2: the weighted sum of the reward functions, one value per completion (answers
+        # and prompts repeated G times, prompt-major).
         answers = [p.answer for p in problems for _ in range(G)]
-        rewards = torch.tensor(self.reward_fn(out.texts, answer=answers), dtype=torch.float32)
+        prompts = [p.prompt for p in problems for _ in range(G)]
+        rewards, parts = self.rewards.score(out.texts, answers, prompts)
         # Stage 3: group-relative advantages.
         advantages = group_advantages(rewards, G, scale_by_std=self.config.scale_rewards)
-        return rewards, advantages
+        return rewards, advantages, parts
 
     @contextmanager
     def reference(self):
@@ -207,13 +238,14 @@ class GRPOTrainer:
         """One GRPO step on fresh prompts; returns its metrics."""
         start = time.perf_counter()
         problems = self.task.sample_batch(self.rng, self.config.prompts_per_step)
-        batch, out = self.make_batch(problems)
+        batch, out, parts = self.make_batch(problems)
         generated = time.perf_counter()
         metrics = self.optimize(batch)
         done = time.perf_counter()
         self.step_count += 1
+        self.completion_log.log(self.step_count, problems, out, batch.rewards.cpu(), parts)
         metrics.update(step=self.step_count, **rollout_metrics(batch.rewards, out,
-                                                               self.config.num_generations))
+                                                               self.config.num_generations, parts))
         metrics.update({"perf/generate_s": generated - start,
                         "perf/fwd_bwd_s": done - generated,
                         "perf/step_s": done - start})
@@ -222,7 +254,8 @@ class GRPOTrainer:
     def evaluate(self) -> float:
         """Greedy accuracy on the task's fixed held-out set."""
         return greedy_accuracy(self.model, self.tokenizer, self.task.eval_set(),
-                               max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn)
+                               max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn,
+                               **self.prompt_format)
 
     def train(self, steps: int | None = None, callback=None) -> list[dict]:
         """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after."""
@@ -272,10 +305,13 @@ class GRPOTrainer:
         return path
 
 
-def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int) -> dict[str, float]:
-    """Reward and completion metrics of one step's rollouts (TRL's names)."""
+def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int,
+                    parts: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    """Reward and completion metrics of one step's rollouts (TRL's names), and each reward
+    function's mean and std (`rewards/<name>/mean`)."""
     grouped = rewards.view(-1, group_size)
     return {
+        **RewardSet.metrics(parts or {}),
         "reward": rewards.mean().item(),
         "reward_std": rewards.std().item(),
         "frac_reward_zero_std": (grouped.std(dim=1) == 0).float().mean().item(),
