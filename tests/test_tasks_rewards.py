@@ -1,13 +1,12 @@
 """Tasks (held-out sets, difficulty) and reward functions (TRL signature, never raise)."""
 
-import json
 import pickle
 import random
 
 import pytest
 
 from grpo_lab.core import rewards as R
-from grpo_lab.core.tasks import AdditionTask, SortTask, load_jsonl_problems, make_task
+from grpo_lab.core.tasks import AdditionTask, SortTask, make_task
 
 
 def test_addition_is_zero_padded_and_correct():
@@ -76,16 +75,3 @@ def test_rewards_are_picklable():
     for fn in R.REWARDS.values():
         assert pickle.loads(pickle.dumps(fn)) is fn
 
-
-def test_load_jsonl_problems(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n\n")
-    assert load_jsonl_problems(path)[0].answer == "2"
-    path.write_text("{not json}\n")
-    with pytest.raises(ValueError, match=":1: not valid JSON"):
-        load_jsonl_problems(path)
-    path.write_text(json.dumps({"question": "x"}) + "\n")
-    with pytest.raises(ValueError, match="needs keys"):
-        load_jsonl_problems(path)
-    with pytest.raises(FileNotFoundError):
-        load_jsonl_problems(tmp_path / "missing.jsonl")

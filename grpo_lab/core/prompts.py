@@ -16,6 +16,7 @@ text prompts (TRL's behaviour for a plain-text dataset).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 Prompt = str | list[dict]
@@ -25,6 +26,13 @@ Prompt = str | list[dict]
 def is_conversation(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m
                                             for m in prompt) and len(prompt) > 0
+
+
+def prompt_key(prompt: Prompt) -> str | tuple[str, ...]:
+    """A hashable stand-in for a prompt (a conversation is a list): equal prompts, equal keys."""
+    if isinstance(prompt, str):
+        return prompt
+    return tuple(json.dumps(message, sort_keys=True) for message in prompt)
 
 
 def as_conversation(prompt: Prompt, system_prompt: str | None = None) -> list[dict]:

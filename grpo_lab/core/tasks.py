@@ -1,26 +1,28 @@
 """Synthetic tasks with verifiable answers, each with a difficulty knob and a fixed held-out set.
 
 A task turns a random generator into `Problem(prompt, answer)` pairs. The evaluation set is drawn
-once from a fixed seed and never appears in training prompts.
+once from a fixed seed and never appears in training prompts. Tasks whose problems come from a
+dataset (a file, a folder, a hub id) are in `grpo_lab.core.datasets`.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
+
+from .prompts import Prompt, prompt_key
 
 
 @dataclass(frozen=True)
 class Problem:
-    prompt: str
+    prompt: Prompt  # text, or a conversation (unhashable: compare prompts by `prompt_key`)
     answer: str
 
 
 class Task(ABC):
-    """Base class: subclasses define `_draw` and `max_answer_chars`."""
+    """Base class: subclasses define `_draw` and `max_answer_chars` (and may choose their
+    held-out set by overriding `_held_out_problems`)."""
 
     name = "task"
 
@@ -28,15 +30,18 @@ class Task(ABC):
         if eval_size < 1:
             raise ValueError(f"eval_size must be >= 1, got {eval_size}")
         self.eval_size = eval_size
-        rng = random.Random(eval_seed)
-        held_out: dict[str, Problem] = {}
+        self._eval = self._held_out_problems(eval_size, random.Random(eval_seed))
+        self._held_out_prompts = {prompt_key(p.prompt) for p in self._eval}
+
+    def _held_out_problems(self, eval_size: int, rng: random.Random) -> list[Problem]:
+        """Up to `eval_size` problems with distinct prompts, drawn with `_draw`."""
+        held_out: dict[str | tuple, Problem] = {}
         for _ in range(eval_size * 50):  # bounded: small problem spaces may hold fewer
             problem = self._draw(rng)
-            held_out.setdefault(problem.prompt, problem)
+            held_out.setdefault(prompt_key(problem.prompt), problem)
             if len(held_out) == eval_size:
                 break
-        self._eval = list(held_out.values())
-        self._held_out_prompts = set(held_out)
+        return list(held_out.values())
 
     @abstractmethod
     def _draw(self, rng: random.Random) -> Problem:
@@ -55,7 +60,7 @@ class Task(ABC):
         """A training problem, never one from the held-out set."""
         for _ in range(10_000):
             problem = self._draw(rng)
-            if problem.prompt not in self._held_out_prompts:
+            if prompt_key(problem.prompt) not in self._held_out_prompts:
                 return problem
         raise RuntimeError(f"{self.name}: the held-out set covers the whole problem space")
 
@@ -115,26 +120,3 @@ def make_task(name: str, difficulty: int | None = None, eval_size: int = 512) ->
         return TASKS[name](eval_size=eval_size)
     return TASKS[name](difficulty, eval_size=eval_size)
 
-
-def load_jsonl_problems(
-    path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer"
-) -> list[Problem]:
-    """Read prompts and reference answers from a local JSONL file (one object per line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no JSONL file at {path}")
-    problems = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or prompt_key not in row or answer_key not in row:
-                raise ValueError(f"{path}:{line_no}: needs keys {prompt_key!r} and {answer_key!r}")
-            problems.append(Problem(str(row[prompt_key]), str(row[answer_key])))
-    if not problems:
-        raise ValueError(f"{path} holds no problems")
-    return problems
