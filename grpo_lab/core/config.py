@@ -9,10 +9,10 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .grpo_loss import LOSS_TYPES
 from .devices import DTYPES
+from .grpo_loss import LOSS_TYPES
 from .reward_set import RewardSet
-from .tasks import TASKS
+from .tasks import TASKS, make_task
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -23,9 +23,25 @@ class GRPOConfig:
     model: str = "tiny"
     """`tiny` builds the offline tiny model for the task; else any hub id or local path."""
     task: str = "addition"
-    """Task to train on: `addition` or `sort` (see grpo_lab.core.tasks)."""
+    """Synthetic task to train on: `addition` or `sort` (grpo_lab.core.tasks); see `dataset`."""
     difficulty: int | None = None
     """Task difficulty: digits for addition, list length for sort (None = task default)."""
+    dataset: str | None = None
+    """Train on a dataset instead of `task`: a .jsonl/.json/.csv/.parquet file, a folder of
+    them, or a hub id such as `openai/gsm8k` (see grpo_lab.core.datasets)."""
+    dataset_config: str | None = None
+    """The hub dataset's configuration, e.g. `main` for openai/gsm8k (None = its default)."""
+    dataset_split: str = "train"
+    """Split to train on (slices like `train[:1000]` work); a file is one split."""
+    eval_split: str | None = None
+    """Held-out split (e.g. `test`) or, when `dataset` is a file, a second file; None = hold
+    out `eval_fraction` of the training rows."""
+    eval_fraction: float = 0.1
+    """Share of the training rows held out when there is no eval_split (at most eval_size)."""
+    prompt_column: str | None = None
+    """Column holding the prompt, text or a conversation (None = `prompt`, else `question`)."""
+    answer_column: str = "answer"
+    """Column holding the reference answer the reward compares against."""
     reward: str = "exact_match"
     """Reward functions, comma separated: `exact_match`, `math_answer`, `format`, or
     `module:function` from your code; the first is what evaluation counts
@@ -57,7 +73,8 @@ class GRPOConfig:
     num_generations: int = 8
     """G: completions sampled per prompt; advantages are relative within these G."""
     max_new_tokens: int | None = None
-    """Completion length cap (None = the task's answer length + 2)."""
+    """Completion length cap (None = the task's longest answer in characters + 2; set it for
+    datasets of worked solutions, e.g. 256 for GSM8K)."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities are computed at the same temperature."""
 
@@ -108,6 +125,10 @@ class GRPOConfig:
 
     def __post_init__(self):
         problems = []
+        if self.dataset is not None and self.difficulty is not None:
+            problems.append("difficulty is for the synthetic tasks; a dataset has none")
+        if not 0 < self.eval_fraction < 1:
+            problems.append(f"eval_fraction must be in (0, 1) (got {self.eval_fraction})")
         if self.task not in TASKS:
             problems.append(f"unknown task {self.task!r} (choose one of {sorted(TASKS)})")
         try:
@@ -147,6 +168,18 @@ class GRPOConfig:
             problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
         if problems:
             raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
+
+    def make_task(self):
+        """The task this config trains on: the dataset if one is set, else the synthetic task."""
+        if self.dataset is None:
+            return make_task(self.task, self.difficulty, eval_size=self.eval_size)
+        from .datasets import load_dataset_task  # loads `datasets` only when needed
+
+        return load_dataset_task(self.dataset, split=self.dataset_split,
+                                 eval_split=self.eval_split, config_name=self.dataset_config,
+                                 prompt_column=self.prompt_column,
+                                 answer_column=self.answer_column,
+                                 eval_fraction=self.eval_fraction, eval_size=self.eval_size)
 
     def learning_rate_at(self, step: int) -> float:
         """Computed at runtime: the learning rate of optimizer step `step` (0-based)."""

@@ -23,13 +23,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.config import GRPOConfig
+from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
 from ..core.generation import Completions, generate_completions
 from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
-from ..core.devices import resolve_device, resolve_dtype
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
-from ..core.tasks import Problem, make_task
+from ..core.tasks import Problem
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
 from .metrics import MetricsLogger
 from .samples import CompletionLog
@@ -93,7 +93,7 @@ class GRPOTrainer:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.task = make_task(config.task, config.difficulty, eval_size=config.eval_size)
+        self.task = config.make_task()
         self.rewards = RewardSet.parse(config.reward, config.reward_weights)
         self.reward_fn = self.rewards.correctness  # what the held-out evaluation counts
         self.max_new_tokens = config.max_new_tokens or self.task.max_answer_chars + 2
