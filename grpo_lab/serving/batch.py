@@ -4,6 +4,7 @@ Rows are kept sorted by adapter, so each LoRA adapter covers one contiguous slic
 (`_segments`). The KV cache is an ordinary transformers `DynamicCache`; when the batch changes
 its rows are selected (`_select_rows`: finished rows leave, columns that are padding for every
 row are cut) or new rows merged in (`_merge`: both sides left padded to a common length).
+All of it stays on the engine's device; the row indices are made there too.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ class RunningBatch:
     _cache: DynamicCache | None
     _mask: torch.Tensor  # (B, L) 1 on real tokens
     _next: torch.Tensor  # (B,)
+    device: torch.device
     stats: dict
 
     def _reset_batch(self) -> None:
         self._rows, self._cache = [], None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
-        self._next = torch.zeros(0, dtype=torch.long)
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._next = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(layer.keys, layer.values) for layer in self._cache.layers]
@@ -38,7 +40,7 @@ class RunningBatch:
         if not keep:
             self._reset_batch()
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.device)
         self._rows = [self._rows[i] for i in keep]
         mask = self._mask.index_select(0, index)
         start = int((mask.sum(0) > 0).long().argmax())  # first column holding a real token
@@ -78,7 +80,7 @@ class RunningBatch:
             all_next = torch.cat([self._next, next_tokens])
             rows = self._rows + seqs
         order = sorted(range(len(rows)), key=lambda i: rows[i].adapter_key)  # stable
-        index = torch.tensor(order)
+        index = torch.tensor(order, device=self.device)
         self._rows = [rows[i] for i in order]
         self._cache = DynamicCache(ddp_cache_data=[(k.index_select(0, index),
                                                     v.index_select(0, index)) for k, v in all_kv])

@@ -1,17 +1,20 @@
 """The flags of `grpo-lab serve` (grpo_lab.serving.server): one dataclass, named like vLLM's.
 
 Each field's docstring is its `--flag`'s help (grpo_lab.cli.flags); a bad value fails when the
-config is built, before a model is loaded.
+config is built, before a model is loaded. `device` and `dtype` resolve as the trainers' do
+(grpo_lab.core.devices): `auto` = bfloat16 on a CUDA GPU, float32 on the CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from ..core.devices import DTYPES, resolve_device, resolve_dtype
 from .sampling import LOGPROBS_MODES
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts for max_lora_rank
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -45,9 +48,12 @@ class ServeConfig:
     """Most prompt tokens prefilled in one step."""
     max_logprobs: int = 20
     """Largest `logprobs` a request may ask for."""
+    device: str = "auto"
+    """Where the model and the engine's tensors live: auto (CUDA when present), cpu, cuda,
+    cuda:1... Results come back to the CPU only as the tokens and logprobs of each step."""
     dtype: str = "auto"
-    """Weights dtype: auto (= float32, what a CPU trainer computes in), float32, float16 or
-    bfloat16. The server runs on the CPU; on GPUs run the real `vllm serve`."""
+    """Weights dtype: auto (bfloat16 on CUDA, float32 on the CPU: what the trainer uses there),
+    float32, float16 or bfloat16. Logprobs are computed in float32 whatever it is."""
     num_threads: int = 1
     """torch intra-op threads of this process (keep 1 when several processes share 2 cores)."""
     allowed_lora_root: str | None = None
@@ -64,8 +70,12 @@ class ServeConfig:
             problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         if self.max_lora_rank not in VLLM_LORA_RANKS:
             problems.append(f"max_lora_rank must be one of {VLLM_LORA_RANKS} (as in vLLM)")
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype must be one of {DTYPES}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            problems.append(f"dtype must be auto or one of {sorted(DTYPES)}")
+        try:
+            resolve_device(self.device)
+        except ValueError as exc:
+            problems.append(str(exc))
         for name in ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_threads",
                      "max_request_bytes"):
             if getattr(self, name) < 1:
@@ -76,3 +86,11 @@ class ServeConfig:
             problems.append("adapter_visibility_lag_s must be >= 0")
         if problems:
             raise ValueError("invalid ServeConfig: " + "; ".join(problems))
+
+    def torch_device(self) -> str:
+        """`device` with `auto` resolved: `cuda` when torch sees a GPU, else `cpu`."""
+        return resolve_device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` with `auto` resolved for the device: bfloat16 on CUDA, float32 elsewhere."""
+        return resolve_dtype(self.dtype, self.torch_device())

@@ -18,6 +18,10 @@ add each adapter's delta to one contiguous slice. The KV cache is an ordinary tr
 The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
 sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports
 vLLM's three modes. Selecting and merging the batch's rows is in grpo_lab.serving.batch.
+
+The engine runs where the model's weights are (`self.device`, a GPU or the CPU): every tensor it
+builds (ids, masks, positions, the KV cache, sampling's noise) is made there, and only each
+step's sampled tokens and their logprobs come back to Python (`.tolist()`), one sync per step.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Engine(RunningBatch):
                  logprobs_mode: str = "raw_logprobs", max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, lora: LoRARegistry | None = None):
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # every tensor of the batch lives here
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
@@ -66,8 +71,9 @@ class Engine(RunningBatch):
         # Owned by the engine thread: the running batch.
         self._rows: list[Sequence] = []
         self._cache = None  # DynamicCache, one row per running sequence
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, L) 1 on real tokens
-        self._next = torch.zeros(0, dtype=torch.long)  # (B,) last sampled token, not yet cached
+        # (B, L) 1 on real tokens; (B,) the last sampled token of each row, not yet cached
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._next = torch.zeros(0, dtype=torch.long, device=self.device)
         self.stats = dict(steps=0, prefills=0, generated_tokens=0, max_batch=0)
 
     # ------------------------------------------------------------------ API (any thread)
@@ -97,6 +103,12 @@ class Engine(RunningBatch):
             self._thread.join(timeout)
 
     def submit(self, group: RequestGroup) -> None:
+        """Queue a request's sequences; their generators must be on `self.device`
+        (`make_generator(seed, engine.device)`)."""
+        for seq in group.sequences:
+            if seq.generator.device.type != self.device.type:
+                raise ValueError(f"a sequence's generator is on {seq.generator.device}, the "
+                                 f"engine on {self.device}: make_generator(seed, engine.device)")
         with self._cond:
             if self.error is not None:
                 raise RuntimeError(f"the engine is dead: {self.error!r}")
@@ -238,21 +250,22 @@ class Engine(RunningBatch):
         """One forward over the new prompts (left padded); sample their first tokens; merge."""
         seqs = sorted(seqs, key=lambda s: s.adapter_key)
         width = max(len(s.prompt_ids) for s in seqs)
-        ids = torch.tensor([[0] * (width - len(s.prompt_ids)) + s.prompt_ids for s in seqs])
+        ids = torch.tensor([[0] * (width - len(s.prompt_ids)) + s.prompt_ids for s in seqs],
+                           device=self.device)
         mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
-                             for s in seqs])
+                             for s in seqs], device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` derives them
         logits, cache = self._forward(seqs, ids, mask, positions, DynamicCache())
         self.stats["prefills"] += 1
         for s in seqs:
             if s.params.repetition_penalty != 1.0:
-                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool)
-                s.seen[torch.tensor(s.prompt_ids)] = True
+                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=self.device)
+                s.seen[torch.tensor(s.prompt_ids, device=self.device)] = True
         tokens = self._sample_and_record(seqs, logits)
         alive = [i for i, s in enumerate(seqs) if s.finish_reason is None]
         if not alive:
             return
-        index = torch.tensor(alive)
+        index = torch.tensor(alive, device=self.device)
         new_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in
                   ((layer.keys, layer.values) for layer in cache.layers)]
         self._merge([seqs[i] for i in alive], new_kv, mask.index_select(0, index),
@@ -260,7 +273,8 @@ class Engine(RunningBatch):
 
     def _decode_step(self) -> None:
         """Feed every running row its last sampled token; sample the next; retire finished rows."""
-        self._mask = torch.cat([self._mask, torch.ones(len(self._rows), 1, dtype=torch.long)], 1)
+        ones = torch.ones(len(self._rows), 1, dtype=torch.long, device=self.device)
+        self._mask = torch.cat([self._mask, ones], 1)
         positions = (self._mask.sum(-1, keepdim=True) - 1)  # (B, 1): each row's own position
         logits, self._cache = self._forward(self._rows, self._next.unsqueeze(1), self._mask,
                                             positions, self._cache)

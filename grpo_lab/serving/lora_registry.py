@@ -12,7 +12,8 @@ How one forward pass serves a batch whose rows name different adapters:
 
 The deltas are added by forward hooks, so the model stays an ordinary transformers model. Adapters
 are read from `adapter_config.json` + `adapter_model.safetensors` (PEFT's layout; safetensors only,
-never pickles) into `LoRAAdapter` objects. A request holds on to its adapter object, so unloading a
+never pickles) into `LoRAAdapter` objects, their A and B moved to the base model's device and
+dtype once at load time. A request holds on to its adapter object, so unloading a
 name never changes the weights of rollouts already in flight.
 """
 
@@ -73,12 +74,14 @@ def read_adapter(
     module_shapes: dict[str, tuple[int, int]],
     max_lora_rank: int,
     dtype: torch.dtype,
+    device: torch.device | str = "cpu",
     allowed_root: str | None = None,
     visibility_lag_s: float = 0.0,
 ) -> LoRAAdapter:
     """Read and check an adapter directory; raises `RequestError` with vLLM's status and text.
 
     `module_shapes` maps each adaptable module name to its (out_features, in_features).
+    `dtype`, `device`: the base model's, where A and B are put (safetensors loads on the CPU).
     `allowed_root`: refuse any path (after resolving `..` and symlinks) outside this directory.
     `visibility_lag_s`: emulate a lagging bucket mount: a directory modified less than this many
     seconds ago is treated as not there yet ("No adapter found").
@@ -146,7 +149,8 @@ def read_adapter(
         alpha = _pattern_value(config.get("alpha_pattern") or {}, module,
                                config.get("lora_alpha", 8))
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
-        weights[module] = (A.to(dtype).contiguous(), B.to(dtype).contiguous(), float(scale))
+        weights[module] = (A.to(device, dtype).contiguous(), B.to(device, dtype).contiguous(),
+                           float(scale))
     if not weights:
         raise RequestError(f"Loading lora {name} failed: the adapter has no LoRA weights.")
     return LoRAAdapter(name=name, path=lora_path, rank=max(rank, *(w[0].shape[0] for w in

@@ -67,7 +67,9 @@ class RequestGroup:
                 self.future.set_result(self)
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    """A per-sequence generator; unseeded sequences get a fresh random seed."""
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A per-sequence generator on the engine's device (sampling draws its noise there);
+    unseeded sequences get a fresh random seed. A CUDA generator draws other numbers than a CPU
+    one from the same seed: a seed repeats its samples on one kind of device."""
     seed = random.SystemRandom().getrandbits(63) if seed is None else seed
-    return torch.Generator().manual_seed(seed % 2**64)
+    return torch.Generator(device=device).manual_seed(seed % 2**64)

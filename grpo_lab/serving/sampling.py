@@ -16,6 +16,9 @@ sampling is untruncated (top_p = 1, top_k = 0, min_p = 0, repetition_penalty = 1
 Sampling uses the exponential race: argmax_i p_i / q_i with q_i ~ Exp(1) draws i with probability
 p_i. Each row draws q from its own `torch.Generator`, so a seeded request samples the same tokens
 whatever else shares its batch (vLLM samples seeded rows the same way).
+
+Everything runs on the logits' device (the generators must live there too) and in float32,
+whatever the model's dtype: the logprobs a trainer divides by are computed in full precision.
 """
 
 from __future__ import annotations
@@ -93,23 +96,25 @@ def sample(
     logprobs_mode: str = "raw_logprobs",
 ) -> SampleOutput:
     """Process the logits of every row with its own parameters, then sample one token each."""
-    logits = logits.float()
+    logits = logits.float()  # bfloat16 logits keep ~3 digits; their log_softmax gets float32
+    device = logits.device
     raw = torch.log_softmax(logits, dim=-1) if logprobs_mode == "raw_logprobs" else None
 
     # 1. repetition penalty
     if any(p.repetition_penalty != 1.0 for p in params):
-        penalty = torch.tensor([[p.repetition_penalty] for p in params])
+        penalty = torch.tensor([[p.repetition_penalty] for p in params], device=device)
         seen_rows = torch.stack([s if s is not None else torch.zeros(logits.shape[-1],
-                                                                     dtype=torch.bool)
+                                                                     dtype=torch.bool,
+                                                                     device=device)
                                  for s in seen])
         logits = repetition_penalty(logits, seen_rows, penalty)
     # 2. temperature (greedy rows keep their logits: vLLM divides them by 1)
     temps = [1.0 if p.greedy else p.temperature for p in params]
     if any(t != 1.0 for t in temps):
-        logits = logits / torch.tensor(temps).unsqueeze(1)
+        logits = logits / torch.tensor(temps, device=device).unsqueeze(1)
     # 3. min_p (greedy requests ignore the truncation parameters, as in vLLM)
     if any(p.min_p > 0 and not p.greedy for p in params):
-        min_p = torch.tensor([[0.0 if p.greedy else p.min_p] for p in params])
+        min_p = torch.tensor([[0.0 if p.greedy else p.min_p] for p in params], device=device)
         logits = min_p_filter(logits, min_p)
     # 4. top-k then top-p
     V = logits.shape[-1]
@@ -117,8 +122,8 @@ def sample(
     ps = [1.0 if p.greedy else p.top_p for p in params]
     use_k, use_p = any(k < V for k in ks), any(p < 1.0 for p in ps)
     if use_k or use_p:
-        logits = top_k_top_p_filter(logits, torch.tensor(ks) if use_k else None,
-                                    torch.tensor(ps) if use_p else None)
+        logits = top_k_top_p_filter(logits, torch.tensor(ks, device=device) if use_k else None,
+                                    torch.tensor(ps, device=device) if use_p else None)
     processed = torch.log_softmax(logits, dim=-1)  # (B, V)
 
     # Sample: argmax of p / q with q ~ Exp(1) from each row's generator; argmax for greedy rows.

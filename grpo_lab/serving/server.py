@@ -1,4 +1,4 @@
-"""`grpo-lab serve`: a CPU stand-in for `vllm serve`, speaking the same HTTP contract.
+"""`grpo-lab serve`: a small stand-in for `vllm serve`, speaking the same HTTP contract.
 
     grpo-lab serve tiny --enable-lora --max-lora-rank 8 --max-loras 4 \\
         --logprobs-mode processed_logprobs --port 8000
@@ -18,6 +18,8 @@ A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAP
 Generation runs in grpo_lab.serving.engine (continuous batching); adapters in
 grpo_lab.serving.lora_registry; the flags are `ServeConfig` (grpo_lab.serving.config);
 `start_server_process` (grpo_lab.serving.process) starts a server as a process.
+The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
+bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
 With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM guards only
 /v1/*; guarding /pause and /server_info too costs a client that sends the key nothing).
 """
@@ -69,9 +71,10 @@ class RolloutServer:
         self.config = config
         torch.set_num_threads(config.num_threads)
         path = str(tiny_model_path(progress=False)) if config.model == "tiny" else config.model
-        dtype = torch.float32 if config.dtype == "auto" else getattr(torch, config.dtype)
+        self.device = config.torch_device()
         if model is None:
-            model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
+            model, tokenizer = load_model_and_tokenizer(path, dtype=config.torch_dtype())
+        model = model.to(self.device)  # a model passed in keeps its own dtype
         self.model_path, self.tokenizer = path, tokenizer
         self.base_name = config.served_model_name or config.model
         self.dtype = next(model.parameters()).dtype
@@ -190,11 +193,20 @@ class RolloutServer:
             "scheduler_config": {"max_num_seqs": cfg.max_num_seqs,
                                  "max_num_batched_tokens": cfg.max_num_batched_tokens,
                                  "max_model_len": self.max_model_len},
-            "device_config": {"device": "cpu"},
+            "device_config": {"device": self.device},
             "lora_config": lora,
             "grpo_lab": {"engine": dict(self.engine.stats), "paused": self.engine.paused,
+                         "peak_gpu_memory_bytes": self.peak_gpu_memory(),
                          **{k: v for k, v in asdict(cfg).items() if k != "api_key"}},
         }
+
+    def peak_gpu_memory(self) -> int | None:
+        """Most bytes torch has held on this server's GPU at once (None on the CPU)."""
+        if not self.device.startswith("cuda"):
+            return None
+        import torch
+
+        return torch.cuda.max_memory_allocated(self.device)
 
     async def server_info(self, request):
         fmt = request.query.get("config_format", "text")
@@ -240,7 +252,7 @@ class RolloutServer:
                                "InvalidUserInput")
         adapter = await asyncio.get_running_loop().run_in_executor(None, lambda: read_adapter(
             name, path, module_shapes=self.lora.module_shapes,
-            max_lora_rank=self.config.max_lora_rank, dtype=self.dtype,
+            max_lora_rank=self.config.max_lora_rank, dtype=self.dtype, device=self.device,
             allowed_root=self.config.allowed_lora_root,
             visibility_lag_s=self.config.adapter_visibility_lag_s))
         self.lora.add(adapter, replace=inplace)
@@ -286,7 +298,7 @@ class RolloutServer:
                 seed = None if req.params.seed is None else req.params.seed + i
                 params = {**vars(req.params), "max_tokens": max_tokens, "seed": seed}
                 sequences.append(Sequence(list(ids), type(req.params)(**params), adapter,
-                                          make_generator(seed)))
+                                          make_generator(seed, self.engine.device)))
         loop = asyncio.get_running_loop()
         group = RequestGroup(sequences, loop, loop.create_future())
         self.engine.submit(group)
@@ -319,7 +331,7 @@ def serve(config: ServeConfig) -> None:
     """Load the model and serve until SIGTERM or Ctrl-C."""
     os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
     server = RolloutServer(config)
-    print(f"grpo-lab serve: model {server.model_path} ({server.dtype}), max_model_len "
-          f"{server.max_model_len}, logprobs_mode {config.logprobs_mode}", file=sys.stderr,
-          flush=True)
+    print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
+          f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
+          file=sys.stderr, flush=True)
     asyncio.run(_serve_forever(server))
