@@ -30,6 +30,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch thread per process: tests start servers, proxies and notebook kernels side by side,
 # and two processes with torch's default thread count on 2 cores slow each other ~100x.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The suite asserts what a CPU computes (float32 weights, CPU kernels, seeded CPU generators):
+# hide any GPU from it and from the servers it starts. benchmarks/gpu_smoke.py is the GPU check.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _needs_tiny_model(items) -> bool:
