@@ -1,7 +1,7 @@
 """Shared test set-up: an offline hub and one cache of built tiny models for the whole run.
 
-The tiny model is built once, before the first test runs (`pytest_collection_finish`), in a
-process of its own that may use every core while nothing else runs, with its own time bound.
+The tiny model (and the chat model, when a test uses it) is built once, before the first test
+runs (`pytest_collection_finish`), in a process of its own that may use every core while nothing else runs, with its own time bound.
 No test's timeout covers the build, and a failed build stops the run with one message.
 """
 
@@ -21,7 +21,7 @@ USER_HOME = Path(os.environ.get("GRPO_LAB_HOME") or Path.home() / ".cache" / "gr
 # The tests' cache: a separate folder, so tests never write runs into the user's cache.
 TEST_HOME = Path(os.environ.get("GRPO_LAB_TEST_HOME", REPO_ROOT / ".grpo_lab" / "test-home"))
 BUILD_TIMEOUT_S = 900
-"""Bound on building the tiny model (about 40 s on 2 cores; far more means something is wrong)."""
+"""Bound on building one model (about 40-60 s on 2 cores; far more means something is wrong)."""
 
 # Set before any test imports transformers, and inherited by every subprocess and kernel.
 os.environ["GRPO_LAB_HOME"] = str(TEST_HOME)
@@ -35,17 +35,32 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def _needs_tiny_model(items) -> bool:
-    return any("tiny_model_dir" in getattr(item, "fixturenames", ()) for item in items)
+def _models_needed(items) -> list[tuple[str, str, list[str], str]]:
+    """(name, cache key, `grpo-lab build-model` arguments, usual build time) of each built model
+    a collected test uses, through its fixture."""
+    fixtures = {name for item in items for name in getattr(item, "fixturenames", ())}
+    models = []
+    if "tiny_model_dir" in fixtures:
+        from grpo_lab.core.tiny_model import TinyModelRecipe
+
+        models.append(("tiny model", TinyModelRecipe().key(), [], "about 40 s on 2 cores"))
+    if "chat_model_dir" in fixtures:
+        from grpo_lab.core.chat_model import ChatModelRecipe
+
+        models.append(("chat model", ChatModelRecipe().key(), ["--kind", "chat"],
+                       "about 60 s on 2 cores"))
+    return models
 
 
 def pytest_collection_finish(session):
-    """Build (or find) the default tiny model before any test starts."""
-    if session.config.option.collectonly or not _needs_tiny_model(session.items):
+    """Build (or find) the models the collected tests need before any test starts."""
+    if session.config.option.collectonly:
         return
-    from grpo_lab.core.tiny_model import TinyModelRecipe
+    for name, key, build_args, usual_time in _models_needed(session.items):
+        _build_once(session, name, key, build_args, usual_time)
 
-    key = TinyModelRecipe().key()
+
+def _build_once(session, name: str, key: str, build_args: list[str], usual_time: str) -> None:
     cached = TEST_HOME / "models" / key
     if (cached / "grpo_lab_recipe.json").exists():
         return
@@ -57,24 +72,24 @@ def pytest_collection_finish(session):
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(cached, keep_existing=True) as staging:  # never a half-copied model
             shutil.copytree(user_copy, staging, dirs_exist_ok=True)
-        print(f"\ntiny model: reused {user_copy}", flush=True)
+        print(f"\n{name}: reused {user_copy}", flush=True)
         return
     capture = session.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
-        print(f"\ntiny model: building {key} into {TEST_HOME} once, before the tests "
-              f"(about 40 s on 2 cores, bounded at {BUILD_TIMEOUT_S} s)", flush=True)
+        print(f"\n{name}: building {key} into {TEST_HOME} once, before the tests "
+              f"({usual_time}, bounded at {BUILD_TIMEOUT_S} s)", flush=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}  # nothing else runs
         try:
             done = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "build-model",
-                                   "--threads", str(os.cpu_count() or 1)],
+                                   *build_args, "--threads", str(os.cpu_count() or 1)],
                                   env=env, timeout=BUILD_TIMEOUT_S)
             failure = f"exit code {done.returncode}" if done.returncode else None
         except subprocess.TimeoutExpired:
             failure = f"still building after {BUILD_TIMEOUT_S} s"
     if failure or not (cached / "grpo_lab_recipe.json").exists():
-        pytest.exit(f"building the tiny model failed ({failure or 'no model written'}); "
-                    f"no test that needs it can run. Try `grpo-lab build-model` alone.",
-                    returncode=3)
+        command = " ".join(["grpo-lab build-model", *build_args])
+        pytest.exit(f"building the {name} failed ({failure or 'no model written'}); "
+                    f"no test that needs it can run. Try `{command}` alone.", returncode=3)
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +105,14 @@ def tiny_model_and_tokenizer(tiny_model_dir):
     from grpo_lab.core.tiny_model import load_model_and_tokenizer
 
     return load_model_and_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir() -> Path:
+    """The chat model (Qwen2, BPE, ChatML; word problems in its data/), built by the hook above."""
+    from grpo_lab.core.chat_model import chat_model_path
+
+    return chat_model_path(progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
     grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
     grpo-lab train-async --server-url URL --output-dir DIR [--resume]
                                      the trainer job: async LoRA GRPO against servers, a bucket
-    grpo-lab build-model             build (or find) the cached tiny model and print its folder
+    grpo-lab build-model [--kind chat]
+                                     build (or find) the cached tiny (or chat) model, print its folder
     grpo-lab notebook 01             execute a course notebook with papermill
     grpo-lab serve tiny --enable-lora --port 8000
                                      an inference server speaking vLLM's HTTP contract
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(train)
 
     build = sub.add_parser("build-model", help="build (or find) the cached tiny model")
+    build.add_argument("--kind", choices=("tiny", "chat"), default="tiny",
+                       help="tiny: the default Llama on --task; chat: the Qwen2 with a BPE "
+                       "tokenizer and ChatML, on word problems (--task is ignored)")
     build.add_argument("--task", default="addition")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--rebuild", default=False, **BOOL_FLAG)
@@ -106,10 +110,16 @@ def main(argv: list[str] | None = None) -> int:
 
             return train_async_main(args)
         elif args.command == "build-model":
-            from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+            if args.kind == "chat":
+                from ..core.chat_model import ChatModelRecipe, chat_model_path
 
-            print(tiny_model_path(TinyModelRecipe(task=args.task, seed=args.seed),
-                                  rebuild=args.rebuild, num_threads=args.threads))
+                print(chat_model_path(ChatModelRecipe(seed=args.seed), rebuild=args.rebuild,
+                                      num_threads=args.threads))
+            else:
+                from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+
+                print(tiny_model_path(TinyModelRecipe(task=args.task, seed=args.seed),
+                                      rebuild=args.rebuild, num_threads=args.threads))
         elif args.command == "notebook":
             from .notebooks import run_notebook
 

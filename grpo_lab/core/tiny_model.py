@@ -11,18 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from .atomic import atomic_folder
 from .evaluation import greedy_accuracy
-from .home import grpo_lab_home
+from .model_build import (
+    RECIPE_FILE,
+    build_threads,
+    cached_model_path,
+    sft_batch,
+    supervised_warm_up,
+)
 from .tasks import Task, make_task
 from .tokenizer import build_char_tokenizer
 
@@ -81,61 +84,25 @@ def build_untrained_model(recipe: TinyModelRecipe, tokenizer) -> LlamaForCausalL
 
 
 def _sft_batch(task: Task, tokenizer, rng: random.Random, batch_size: int):
-    """Prompt + answer + EOS, right padded; the loss sees only answer and EOS tokens."""
+    """A batch of task problems: prompt + answer + EOS, the loss on answer and EOS only."""
     problems = task.sample_batch(rng, batch_size)
     # One batched call each (the Rust tokenizer), not one call per row: ~10x less time per step.
     prompts = tokenizer([p.prompt for p in problems])["input_ids"]  # each starts with <bos>
     answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
-    rows, labels = [], []
-    for prompt, answer in zip(prompts, answers):
-        answer = answer + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
-    width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
-    attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return input_ids, attention_mask, label_ids
+    return sft_batch(prompts, answers, tokenizer)
 
 
 def warm_up(model, tokenizer, task: Task, recipe: TinyModelRecipe, progress: bool = True) -> dict:
     """Supervised warm-up until validation greedy accuracy reaches the target (or the step cap)."""
     rng = random.Random(recipe.seed)
     validation = task.sample_batch(random.Random(recipe.seed + 1), 256)  # not the eval set
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.warmup_lr)
-    ramp = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda i: min(1.0, (i + 1) / recipe.warmup_ramp_steps))
-    model.train()
-    accuracy, step = 0.0, 0
-    bar = tqdm(range(1, recipe.warmup_max_steps + 1), desc="warm-up", disable=not progress)
-    for step in bar:
-        input_ids, attention_mask, labels = _sft_batch(task, tokenizer, rng, recipe.warmup_batch_size)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.warmup_max_grad_norm)
-        optimizer.step()
-        ramp.step()
-        optimizer.zero_grad(set_to_none=True)
-        # Validate half as often while accuracy sits near 0 % (the first ~100 steps; a check
-        # costs about one step), every `warmup_eval_every` steps on the way up, and every step
-        # in the last 10 points before the target: accuracy jumps ~10 points in 5 steps there,
-        # and stopping at the first step past the target keeps every build at 30-40 %.
-        if accuracy < 0.1:
-            every = 2 * recipe.warmup_eval_every
-        elif accuracy < recipe.warmup_target_accuracy - 0.1:
-            every = recipe.warmup_eval_every
-        else:
-            every = 1
-        if step % every == 0:
-            accuracy = greedy_accuracy(
-                model, tokenizer, validation, max_new_tokens=task.max_answer_chars + 1
-            )
-            bar.set_postfix(loss=f"{loss.item():.3f}", val_acc=f"{accuracy:.2f}")
-            if accuracy >= recipe.warmup_target_accuracy:
-                break
-    model.eval()
-    return {"warmup_steps": step, "warmup_val_accuracy": accuracy, "final_loss": loss.item()}
+    return supervised_warm_up(
+        model, recipe,
+        next_batch=lambda: _sft_batch(task, tokenizer, rng, recipe.warmup_batch_size),
+        validation_accuracy=lambda: greedy_accuracy(
+            model, tokenizer, validation, max_new_tokens=task.max_answer_chars + 1),
+        progress=progress,
+    )
 
 
 def build_tiny_model(recipe: TinyModelRecipe, out_dir: str | Path, progress: bool = True,
@@ -146,13 +113,8 @@ def build_tiny_model(recipe: TinyModelRecipe, out_dir: str | Path, progress: boo
     when nothing else runs: the build alone takes ~40 s on 2 cores with both, ~60 s with one.
     """
     start = time.perf_counter()
-    threads_before = torch.get_num_threads()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    try:
+    with build_threads(num_threads):
         return _build(recipe, Path(out_dir), progress, start)
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def _build(recipe: TinyModelRecipe, out_dir: Path, progress: bool, start: float) -> dict:
@@ -167,7 +129,7 @@ def _build(recipe: TinyModelRecipe, out_dir: Path, progress: bool, start: float)
         num_parameters=sum(p.numel() for p in model.parameters()),
         build_seconds=round(time.perf_counter() - start, 2),
     )
-    (out_dir / "grpo_lab_recipe.json").write_text(json.dumps(info, indent=2))
+    (out_dir / RECIPE_FILE).write_text(json.dumps(info, indent=2))
     return info
 
 
@@ -175,22 +137,14 @@ def tiny_model_path(
     recipe: TinyModelRecipe | None = None, rebuild: bool = False, progress: bool = True,
     num_threads: int | None = None,
 ) -> Path:
-    """Path of the cached tiny model for `recipe`, building it first if needed.
-
-    The build happens in a temp folder that is renamed into place, so a crash or a concurrent
-    build never leaves a half-written model in the cache.
-    """
+    """Path of the cached tiny model for `recipe`, building it first if needed (atomically)."""
     recipe = recipe or TinyModelRecipe()
-    models_dir = grpo_lab_home() / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    path = models_dir / recipe.key()
-    if path.exists() and rebuild:
-        shutil.rmtree(path)
-    if (path / "grpo_lab_recipe.json").exists():
-        return path
-    with atomic_folder(path, keep_existing=True) as staging:  # a concurrent build may win
-        build_tiny_model(recipe, staging, progress=progress, num_threads=num_threads)
-    return path
+    return cached_model_path(
+        recipe.key(),
+        lambda staging: build_tiny_model(recipe, staging, progress=progress,
+                                         num_threads=num_threads),
+        rebuild=rebuild,
+    )
 
 
 def load_model_and_tokenizer(model: str | Path, device: str = "cpu", dtype=None):
