@@ -5,8 +5,8 @@ last line is `#### N`; `math_answer_reward` reads the number after `####`. We ge
 the same shape from a few templates (add, take away, multiply by a small number), a few names and
 objects, and small numbers, so that a tiny model can learn part of it (GRPO needs mixed rewards):
 
-    {"question": "Sam has 12 apples and buys 7 more. How many apples does Sam have now?",
-     "answer": "12 + 7 = 19\\n#### 19"}
+    {"question": "Sam has 5 apples and buys 7 more. How many apples does Sam have now?",
+     "answer": "5 + 7 = 12\\n#### 12"}
 
 Everything is drawn from `random.Random(seed)`: the same arguments give the same rows, and the
 same files byte for byte. Test questions never appear in the training file.
@@ -32,12 +32,11 @@ def _minuend_and_subtrahend(rng: random.Random) -> tuple[int, int]:
 TEMPLATES = (
     ("{name} has {a} {obj} and buys {b} more. How many {obj} does {name} have now?", "+",
      lambda rng: (rng.randint(1, 9), rng.randint(1, 9))),
-    ("{name} finds {a} {obj} in the morning and {b} {obj} in the afternoon. "
-     "How many {obj} does {name} find in all?", "+",
+    ("{name} finds {a} {obj} and then {b} more. How many {obj} did {name} find?", "+",
      lambda rng: (rng.randint(1, 9), rng.randint(1, 9))),
-    ("{name} has {a} {obj} and gives {b} to a friend. How many {obj} does {name} have left?", "-",
+    ("{name} has {a} {obj} and gives {b} away. How many {obj} are left?", "-",
      _minuend_and_subtrahend),
-    ("{name} buys {a} boxes with {b} {obj} in each box. How many {obj} does {name} buy?", "*",
+    ("{name} buys {a} boxes of {b} {obj}. How many {obj} is that?", "*",
      lambda rng: (rng.randint(2, 5), rng.randint(2, 5))),
 )
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -58,7 +57,7 @@ def word_problems(n: int, seed: int = 0, exclude: set[str] | frozenset[str] = fr
     """`n` rows with distinct questions, none of them in `exclude` (e.g. the test questions)."""
     rng = random.Random(seed)
     rows: dict[str, dict] = {}
-    for _ in range(50 * n + 100):  # bounded: the question space holds ~100k problems
+    for _ in range(50 * n + 100):  # bounded: the question space holds ~15k problems
         row = word_problem(rng)
         if row["question"] not in exclude:
             rows.setdefault(row["question"], row)
