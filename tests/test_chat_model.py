@@ -8,13 +8,13 @@ from grpo_lab.core.chat_model import (
     DATA_FOLDER,
     SYSTEM_PROMPT,
     ChatModelRecipe,
+    as_problems,
     build_bpe_tokenizer,
-    chat_accuracy,
 )
+from grpo_lab.core.evaluation import greedy_accuracy
 from grpo_lab.core.prompts import encode_prompts
 from grpo_lab.core.rewards import math_answer_reward
-from grpo_lab.core.tasks import load_jsonl_problems
-from grpo_lab.core.word_problems import word_problems, write_word_problems
+from grpo_lab.core.word_problems import read_jsonl, word_problems, write_word_problems
 
 
 def _corpus():
@@ -39,8 +39,7 @@ def test_word_problems_are_gsm8k_rows_and_deterministic(tmp_path):
 
 def test_train_and_test_questions_are_disjoint(tmp_path):
     paths = write_word_problems(tmp_path, train_size=1000, test_size=300, seed=0)
-    train, test = ([json.loads(line) for line in paths[s].read_text().splitlines()]
-                   for s in ("train", "test"))
+    train, test = (read_jsonl(paths[split]) for split in ("train", "test"))
     assert (len(train), len(test)) == (1000, 300)
     assert not {r["question"] for r in train} & {r["question"] for r in test}
 
@@ -90,6 +89,7 @@ def test_chat_model_is_a_qwen2_with_partial_skill(chat_model_dir):
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # GQA
     assert model.config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     info = json.loads((chat_model_dir / "grpo_lab_recipe.json").read_text())
-    test = load_jsonl_problems(chat_model_dir / DATA_FOLDER / "test.jsonl", "question", "answer")
-    accuracy = chat_accuracy(model, tok, test[:256], max_new_tokens=info["max_new_tokens"])
+    test = as_problems(read_jsonl(chat_model_dir / DATA_FOLDER / "test.jsonl"))
+    accuracy = greedy_accuracy(model, tok, test[:256], max_new_tokens=info["max_new_tokens"],
+                               reward_fn=math_answer_reward, system_prompt=SYSTEM_PROMPT)
     assert 0.1 < accuracy < 0.7, accuracy  # mixed groups: GRPO has something to learn from

@@ -32,7 +32,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from .generation import sample_from_ids
+from .evaluation import greedy_accuracy
 from .model_build import (
     RECIPE_FILE,
     build_threads,
@@ -42,8 +42,8 @@ from .model_build import (
 )
 from .prompts import encode_prompts
 from .rewards import math_answer_reward
-from .tasks import Problem, load_jsonl_problems
-from .word_problems import word_problems, write_word_problems
+from .tasks import Problem
+from .word_problems import read_jsonl, word_problems, write_word_problems
 
 SYSTEM_PROMPT = "Solve the problem. End with #### and the number."
 """The system message of every prompt (also the template's default, as Qwen2.5's has one)."""
@@ -171,26 +171,14 @@ def build_untrained_chat_model(recipe: ChatModelRecipe, tokenizer) -> Qwen2ForCa
     return Qwen2ForCausalLM(config)
 
 
+def as_problems(rows: list[dict]) -> list[Problem]:
+    """Word-problem rows as `Problem(prompt=question, answer=answer)`."""
+    return [Problem(row["question"], row["answer"]) for row in rows]
+
+
 def encode_questions(tokenizer, problems: list[Problem]) -> list[list[int]]:
     """Prompt ids of the questions, exactly as the trainers make them."""
     return encode_prompts(tokenizer, [p.prompt for p in problems], system_prompt=SYSTEM_PROMPT)
-
-
-def chat_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int,
-                  batch_size: int = 256) -> float:
-    """Greedy accuracy on word problems, asked through the chat template, scored by
-    `math_answer_reward` (the `#### N` number against the reference's)."""
-    was_training = model.training
-    model.eval()
-    correct = 0.0
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        out = sample_from_ids(model, tokenizer, encode_questions(tokenizer, chunk),
-                              max_new_tokens=max_new_tokens, do_sample=False)
-        rewards = math_answer_reward(out.texts, answer=[p.answer for p in chunk])
-        correct += sum(r >= 1.0 for r in rewards)
-    model.train(was_training)
-    return correct / max(len(problems), 1)
 
 
 def _chat_sft_batch(problems: list[Problem], tokenizer, rng: random.Random, batch_size: int):
@@ -214,12 +202,11 @@ def build_chat_model(recipe: ChatModelRecipe, out_dir: str | Path, progress: boo
 def _build(recipe: ChatModelRecipe, out_dir: Path, progress: bool, start: float) -> dict:
     paths = write_word_problems(out_dir / DATA_FOLDER, recipe.train_size, recipe.test_size,
                                 recipe.data_seed)
-    train, test = (load_jsonl_problems(paths[split], "question", "answer")
-                   for split in ("train", "test"))
+    train, test = (as_problems(read_jsonl(paths[split])) for split in ("train", "test"))
     # The stopping rule's sample: new questions, so the test set stays unseen until the end.
     seen = {p.prompt for p in train + test}
-    validation = [Problem(row["question"], row["answer"]) for row in  # a seed of its own
-                  word_problems(recipe.validation_size, recipe.seed + 1_000_003, exclude=seen)]
+    validation = as_problems(word_problems(recipe.validation_size, recipe.seed + 1_000_003,
+                                           exclude=seen))  # a seed of its own
     tokenizer = build_bpe_tokenizer(_tokenizer_corpus(train), recipe.vocab_size)
     model = build_untrained_chat_model(recipe, tokenizer)
     # Room for the longest answer of the validation sample and its <|im_end|>, plus a token.
@@ -229,8 +216,9 @@ def _build(recipe: ChatModelRecipe, out_dir: Path, progress: bool, start: float)
     info = supervised_warm_up(
         model, recipe,
         next_batch=lambda: _chat_sft_batch(train, tokenizer, rng, recipe.warmup_batch_size),
-        validation_accuracy=lambda: chat_accuracy(model, tokenizer, validation,
-                                                  max_new_tokens=max_new_tokens),
+        validation_accuracy=lambda: greedy_accuracy(
+            model, tokenizer, validation, max_new_tokens=max_new_tokens,
+            reward_fn=math_answer_reward, system_prompt=SYSTEM_PROMPT),
         progress=progress, close_margin=recipe.warmup_close_margin,
     )
     model.save_pretrained(out_dir)

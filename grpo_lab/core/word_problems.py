@@ -72,6 +72,11 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows `write_jsonl` wrote."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
 def write_word_problems(folder: str | Path, train_size: int = 2000, test_size: int = 500,
                         seed: int = 0) -> dict[str, Path]:
     """Write `train.jsonl` and `test.jsonl` (disjoint questions) into `folder`; return their paths.
