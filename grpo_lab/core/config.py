@@ -21,7 +21,8 @@ LR_SCHEDULES = ("constant", "linear")
 class GRPOConfig:
     # --- model and task ---
     model: str = "tiny"
-    """`tiny` builds the offline tiny model for the task; else any hub id or local path."""
+    """`tiny` builds the offline tiny model for the task, `tiny-chat` the offline chat model
+    (Qwen2, ChatML; grpo_lab.core.chat_model); else any hub id or local path."""
     task: str = "addition"
     """Synthetic task to train on: `addition` or `sort` (grpo_lab.core.tasks); see `dataset`."""
     difficulty: int | None = None

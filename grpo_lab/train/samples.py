@@ -42,15 +42,18 @@ def completion_records(step: int, problems: Sequence[Problem], out: Completions,
 def format_records(records: list[dict], width: int = 100) -> str:
     """The records as a few readable lines: prompt, answer, best and worst completion."""
 
-    def short(text: str) -> str:
+    def short(text: str, keep_end: bool = False) -> str:
         text = " ".join(str(text).split())  # one line: newlines become spaces
-        return text if len(text) <= width else text[: width - 3] + "..."
+        if len(text) <= width:
+            return text
+        # A templated prompt starts with the same system turn every time: show its end.
+        return "..." + text[3 - width:] if keep_end else text[: width - 3] + "..."
 
     lines = []
     for r in records:
         best, worst = r["completions"][0], r["completions"][-1]
         rewards = [c["reward"] for c in r["completions"]]
-        lines.append(f"--- step {r['step']} | prompt: {short(r['prompt'])}")
+        lines.append(f"--- step {r['step']} | prompt: {short(r['prompt'], keep_end=True)}")
         lines.append(f"    answer: {short(r['answer'])} | rewards of the group: {rewards}")
         lines.append(f"    best  ({best['reward']:+.2f}): {short(best['text'])}")
         if len(r["completions"]) > 1:

@@ -30,6 +30,7 @@ from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
 from ..core.tasks import Problem
+from ..core.chat_model import chat_model_path
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
 from .metrics import MetricsLogger
 from .samples import CompletionLog
@@ -136,6 +137,8 @@ class GRPOTrainer:
         if config.model == "tiny":
             return tiny_model_path(TinyModelRecipe(task=config.task, difficulty=config.difficulty),
                                    progress=config.progress)
+        if config.model == "tiny-chat":  # the offline instruct-style model (notebook 09)
+            return chat_model_path(progress=config.progress)
         return config.model
 
     def _prepare_model(self, model):
