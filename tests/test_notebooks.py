@@ -14,7 +14,7 @@ def test_every_notebook_has_a_check():
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("notebook", list_notebooks(), ids=lambda p: p.stem)
-def test_notebook_runs_and_achieves_its_goal(notebook, tmp_path, tiny_model_dir):
+def test_notebook_runs_and_achieves_its_goal(notebook, tmp_path, tiny_model_dir, chat_model_dir):
     results = run_notebook(notebook, tmp_path, cell_timeout_s=600)
     assert results, "the notebook recorded no results"
     failed = missed_goals(notebook.stem, results)

@@ -100,6 +100,12 @@ NOTEBOOK_GOALS = {
         "r5 syncs faster than r4":
             lambda r: r["weight_sync_s"]["r5-sync-interval"] < r["weight_sync_s"]["r4-lift-cap"],
     },
+    "09_your_model_your_data": {
+        "accuracy gain >= 5 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.05,
+        "format reward held": lambda r: r["format_late"] >= r["format_early"] - 0.05,
+        "sample completions logged": lambda r: r["completions_logged"] >= 1,
+        "prompts went through the chat template": lambda r: r["prompt_starts_with_template"],
+    },
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..core.chat_model import chat_model_path
 from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
@@ -30,7 +31,6 @@ from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
 from ..core.tasks import Problem
-from ..core.chat_model import chat_model_path
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
 from .metrics import MetricsLogger
 from .samples import CompletionLog
