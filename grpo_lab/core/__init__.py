@@ -2,5 +2,7 @@
 
 The tiny offline model and its tokenizer, tasks and rewards, sampling completions with their
 logprobs, greedy evaluation, the GRPO loss (advantages, clipped surrogate, KL) and `GRPOConfig`.
-Taught by notebooks 00 (the tiny model) and 01 (GRPO from scratch).
+Taught by notebooks 00 (the tiny model) and 01 (GRPO from scratch). The pieces that take it to
+real models and data (datasets, chat prompts, weighted rewards, device and dtype, the offline
+chat model) are taught by notebook 09.
 """
