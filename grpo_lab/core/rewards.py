@@ -88,6 +88,19 @@ def math_answer_reward(completions, answer, **kwargs) -> list[float]:
     return rewards
 
 
+def partial_match_reward(completions, answer, **kwargs) -> list[float]:
+    """Partial credit: the share of the answer's characters the completion has right, position
+    by position (`"053"` for `"052"` scores 2/3); 0.0 when the lengths differ. Beside
+    `exact_match` it tells a group's near misses from its wild guesses, so fewer groups have
+    all-equal rewards (no learning signal) while the model is still mostly wrong."""
+    rewards = []
+    for completion, reference in zip(completions, answer):
+        got, want = completion_text(completion).strip(), str(reference).strip()
+        same = sum(a == b for a, b in zip(got, want))
+        rewards.append(same / len(want) if want and len(got) == len(want) else 0.0)
+    return rewards
+
+
 def format_reward(completions, **kwargs) -> list[float]:
     """1.0 when the completion states a final answer in a checkable form, `#### x` (GSM8K) or
     `\\boxed{x}` (MATH), right or wrong; else 0.0. Beside a correctness reward it rewards the
@@ -99,6 +112,6 @@ def format_reward(completions, **kwargs) -> list[float]:
     return rewards
 
 
-REWARDS = {"exact_match": exact_match_reward, "math_answer": math_answer_reward,
-           "format": format_reward}
+REWARDS = {"exact_match": exact_match_reward, "partial_match": partial_match_reward,
+           "math_answer": math_answer_reward, "format": format_reward}
 """The built-in rewards by name; `grpo_lab.core.reward_set` adds `module:function` from your code."""
