@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 from huggingface_hub import Volume
 
-from grpo_lab.cli.flags import field_docs
-from grpo_lab.cli.main import main
+from grpo_lab.cli.flags import config_from_args, field_docs
+from grpo_lab.cli.main import build_parser, main
 from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
@@ -31,8 +31,8 @@ from grpo_lab.jobs.hf_jobs import (
     package_source,
     upload_to_buckets,
 )
-from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main
-from grpo_lab.jobs.plan import RecipeConfig, recipe_plan
+from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main, fill_urls
+from grpo_lab.jobs.plan import RecipeConfig, max_lora_rank, recipe_plan
 from grpo_lab.jobs.specs import (
     PACKAGE_WHEEL,
     BucketMount,
@@ -42,6 +42,7 @@ from grpo_lab.jobs.specs import (
     package_wheel_name,
 )
 from grpo_lab.observe.dashboard import _router_counters, proxy_stats
+from grpo_lab.serving.config import ServeConfig
 from grpo_lab.serving.process import group_members, is_alive
 
 PY = sys.executable
@@ -331,14 +332,15 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
                               environ={"HF_TOKEN": TOKEN})
     launcher.submit()
     replica_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
-                   "PYTHONUNBUFFERED": "1"}
+                   "PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"}
     for i, call in enumerate(fake.calls[:2]):
         assert call == {
             "image": "vllm/vllm-openai:v0.27.1",
             "command": ["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B", "--host", "0.0.0.0",
-                        "--port", "8000", "--enable-lora", "--max-lora-rank", "1",
-                        "--max-loras", "6", "--logprobs-mode", "processed_logprobs",
-                        "--generation-config", "vllm"],
+                        "--port", "8000", "--dtype", "bfloat16", "--max-model-len", "4096",
+                        "--gpu-memory-utilization", "0.85", "--enable-lora",
+                        "--max-lora-rank", "1", "--max-loras", "6", "--max-cpu-loras", "8",
+                        "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"],
             "env": replica_env,
             "secrets": {"HF_TOKEN": TOKEN},
             "flavor": "h200",
@@ -350,7 +352,7 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
     trainer = fake.calls[2]
     script = trainer.pop("command")
     assert trainer == {
-        "image": "vllm/vllm-openai:v0.27.1", "env": {"PYTHONUNBUFFERED": "1"},
+        "image": "vllm/vllm-openai:v0.27.1", "env": {"PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"},
         "secrets": {"HF_TOKEN": TOKEN}, "flavor": "h200", "timeout": "4h", "name": "blog-trainer",
         "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=False)],
         "expose": None,
@@ -365,6 +367,72 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
     assert launcher.urls == {"replica-0": f"https://{1:024x}--8000.hf.jobs",
                              "replica-1": f"https://{2:024x}--8000.hf.jobs"}
     assert TOKEN not in blog_plan().describe() + hf_jobs_commands(blog_plan())
+
+
+def flag_values(command: list[str]) -> dict[str, str]:
+    """`--flag value` pairs of an argv (store_true flags map to "")."""
+    return {a: "" if i + 1 == len(command) or command[i + 1].startswith("--") else command[i + 1]
+            for i, a in enumerate(command) if a.startswith("--")}
+
+
+def test_hf_jobs_vllm_replicas_get_the_reference_settings():
+    """Each vLLM setting of the reference's run_vllm_job.sh (AmineDiro/hfjobs-lora-buckets)."""
+    for job in blog_plan().jobs:
+        assert job.env["HF_HOME"] == "/tmp/hf"  # a writable Hub cache in every image
+    flags = flag_values(blog_plan()["replica-0"].command)
+    assert {f: flags[f] for f in ("--dtype", "--max-model-len", "--gpu-memory-utilization",
+                                  "--max-lora-rank", "--max-loras", "--max-cpu-loras")} == {
+        "--dtype": "bfloat16", "--max-model-len": "4096", "--gpu-memory-utilization": "0.85",
+        "--max-lora-rank": "1", "--max-loras": "6", "--max-cpu-loras": "8"}
+    own = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="own", max_staleness=1,
+                      max_prompt_length=512, max_completion_length=1024,
+                      gpu_memory_utilization=0.4, max_cpu_loras=5)
+    flags = flag_values(own["replica-1"].command)
+    assert (flags["--max-model-len"], flags["--gpu-memory-utilization"]) == ("1536", "0.4")
+    assert (flags["--max-loras"], flags["--max-cpu-loras"]) == ("3", "5")
+    with pytest.raises(ValueError, match=r"max_cpu_loras \(5\) must be >= max_staleness \+ 2 \(6\)"):
+        recipe_plan(backend="hf-jobs", bucket=BUCKET, max_cpu_loras=5)
+
+
+def test_lora_ranks_round_up_to_what_vllm_accepts():
+    """vLLM's --max-lora-rank takes 1, 8, 16, 32, ... (vllm/config/lora.py); the trainer keeps
+    its own rank, the servers get the smallest bound that holds it."""
+    assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 320, 512)] == [1, 8, 8, 16, 64, 320, 512]
+    for rank, bound in ((1, "1"), (2, "8"), (9, "16"), (64, "64")):
+        plan = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", lora_rank=rank)
+        assert flag_values(plan["replica-0"].command)["--max-lora-rank"] == bound
+        assert f"--lora-rank {rank} " in plan["trainer"].command[2]
+    for too_big in (513, 1024):
+        with pytest.raises(ValueError, match="above the largest --max-lora-rank vLLM accepts"):
+            recipe_plan(backend="hf-jobs", bucket=BUCKET, lora_rank=too_big)
+
+
+def test_grpo_lab_serve_replicas_get_only_flags_grpo_lab_serve_accepts(tmp_path):
+    """The CPU stand-in parses every flag the plan gives it (argparse exits on an unknown one);
+    the GPU-only vLLM settings stay off its command."""
+    local = recipe_plan(bucket=str(tmp_path), run_name="r", lora_rank=9)["replica-0"].command
+    cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", lora_rank=9,
+                      replica_flavor="cpu-upgrade")["replica-0"].command
+    exec_line = next(line for line in cpu[2].splitlines() if line.startswith("exec grpo-lab"))
+    for argv in (local[3:], shlex.split(exec_line)[2:]):
+        config = config_from_args(build_parser().parse_args(argv), ServeConfig)
+        assert config.max_lora_rank == 16 and config.max_loras == 6
+        assert not {"--dtype", "--gpu-memory-utilization", "--max-cpu-loras"} & set(argv)
+
+
+@pytest.mark.parametrize("replica_flavor", ["h200", "cpu-upgrade"])
+def test_hf_jobs_commands_pass_bash_n_and_call_python3(replica_flavor):
+    """What each image runs: valid bash, and `python3` (the vLLM image has no `python`)."""
+    plan = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r",
+                       replica_flavor=replica_flavor, trainer_flavor=replica_flavor)
+    urls = {job.name: f"https://{i:024x}--8000.hf.jobs" for i, job in enumerate(plan.jobs)}
+    for job in plan.jobs:
+        command = [fill_urls(arg, urls) for arg in job.command]
+        text = command[2] if command[:2] == ["bash", "-c"] else shlex.join(command)
+        checked = subprocess.run(["bash", "-n", "-c", text], capture_output=True, text=True)
+        assert checked.returncode == 0, (job.name, checked.stderr)
+        assert not re.search(r"(^|[\s;&|(`])python(\s|$)", text), (job.name, text)
+    assert "python3 -m grpo_lab.jobs.local wait-healthy" in plan["trainer"].command[2]
 
 
 def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():

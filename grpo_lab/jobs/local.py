@@ -19,7 +19,7 @@ Local lifecycle, per job, in the plan's dependency order (grpo_lab.serving.proce
                killed rather than shut down still takes its jobs with it (their children are
                then their business)
 
-`python -m grpo_lab.jobs.local wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
+`python3 -m grpo_lab.jobs.local wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
 job (grpo_lab.jobs.plan) waits with it for the proxy before it starts the trainer.
 """
 
@@ -210,8 +210,8 @@ def local_commands(plan: RunPlan, run_dir: str | Path) -> str:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """`python -m grpo_lab.jobs.local wait-healthy URL`: used inside the HF trainer job."""
-    parser = argparse.ArgumentParser(prog="python -m grpo_lab.jobs.local")
+    """`python3 -m grpo_lab.jobs.local wait-healthy URL`: used inside the HF trainer job."""
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_lab.jobs.local")
     sub = parser.add_subparsers(dest="command", required=True)
     wait = sub.add_parser("wait-healthy", help="poll URL until it answers 200")
     wait.add_argument("url")

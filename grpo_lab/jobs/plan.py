@@ -8,6 +8,11 @@
 backend: `local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each,
 grpo_lab installed from a wheel of this checkout carried in the bucket).
 
+The vLLM replicas start as in the reference's `run_vllm_job.sh` (AmineDiro/hfjobs-lora-buckets;
+docs/recipe.md): bfloat16 weights, 85 % of the GPU by default, LoRA slots for
+`max_staleness + 2` adapters (more kept in CPU memory), a context of prompt + completion, and
+the LoRA rank rounded up to a `--max-lora-rank` vLLM accepts.
+
 Where the proxy runs: on HF Jobs it runs **inside the trainer job** (as in the recipe), because it
 must sit on 127.0.0.1 next to the trainer and hold the token that exposed job ports need. Locally
 it is **a job of its own** (own log, own process group, health-checked before the trainer starts),
@@ -22,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..proxy.process import proxy_args
+from ..serving.config import VLLM_LORA_RANKS
 from ..serving.process import GRPO_LAB, serve_args
 from .specs import (
     CPU_IMAGE,
@@ -39,6 +45,9 @@ from .specs import (
 VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
 """Replica image on GPU flavors (pinned: the version the blog's LoRA path was validated on)."""
 HF_BLOG_MODEL = "Qwen/Qwen2.5-Math-1.5B"
+
+HF_HOME = "/tmp/hf"
+"""The Hub cache inside HF jobs: a path every image can write to (the reference sets the same)."""
 
 WHEELS_DIR = "wheels"
 """Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
@@ -64,9 +73,21 @@ class RecipeConfig:
     replicas: int = 2
     """Inference replicas behind the proxy."""
     lora_rank: int = 1
-    """LoRA rank of the trained adapter (and the servers' --max-lora-rank)."""
+    """LoRA rank of the trained adapter; the servers' --max-lora-rank is the smallest of vLLM's
+    allowed values (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds it."""
     max_staleness: int = 4
     """Versions a sample may lag the trainer; servers hold max_staleness + 2 adapters."""
+    max_cpu_loras: int | None = None
+    """vLLM replicas: adapters kept in CPU memory, at least max_staleness + 2 (default:
+    max_staleness + 4, the reference's 8 at the default staleness)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM replicas: fraction of the GPU each one takes (weights, activations, KV cache); the
+    reference's 0.85. Replicas sharing one local GPU must split it."""
+    max_prompt_length: int = 1096
+    """vLLM replicas: longest prompt in tokens; with max_completion_length it sets
+    --max-model-len (1096 + 3000 = 4096, the reference's)."""
+    max_completion_length: int = 3000
+    """vLLM replicas: longest completion in tokens (the blog's 3,000)."""
     bucket: str | None = None
     """Local directory (default: $GRPO_LAB_HOME/bucket) or hf://buckets/<owner>/<bucket>
     (required on HF Jobs)."""
@@ -96,11 +117,36 @@ class RecipeConfig:
     """Local backend: how long to wait for each server's /health."""
 
 
+def max_lora_rank(lora_rank: int) -> int:
+    """The smallest `--max-lora-rank` that holds a rank-`lora_rank` adapter. vLLM accepts only
+    `MaxLoRARanks` (vllm/config/lora.py: 1, 8, 16, 32, 64, 128, 256, 320, 512); `grpo-lab serve`
+    checks the same list (VLLM_LORA_RANKS). It is a capacity bound: a rank-2 adapter fits in 8."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= lora_rank:
+            return allowed
+    raise ValueError(f"lora_rank {lora_rank} is above the largest --max-lora-rank vLLM accepts "
+                     f"({VLLM_LORA_RANKS[-1]})")
+
+
+def _lora_slots(cfg: RecipeConfig) -> tuple[int, int]:
+    """(--max-loras, --max-cpu-loras): the current adapter, `max_staleness` older ones still
+    finishing their rollouts, and the next one loaded before the oldest goes. In CPU memory two
+    more by default: the reference's 8 at the default staleness (vLLM requires max_cpu_loras >=
+    max_loras)."""
+    max_loras = cfg.max_staleness + 2
+    return max_loras, max_loras + 2 if cfg.max_cpu_loras is None else cfg.max_cpu_loras
+
+
 def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> list[str]:
-    """`vllm serve`, in vLLM's flag convention (`--enable-lora` is a store_true flag there)."""
+    """`vllm serve` as the reference's run_vllm_job.sh starts it, in vLLM's flag convention
+    (`--enable-lora` is a store_true flag there)."""
+    max_loras, max_cpu_loras = _lora_slots(cfg)
     return ["vllm", "serve", model, "--host", host, "--port", str(port),
-            "--enable-lora", "--max-lora-rank", str(cfg.lora_rank),
-            "--max-loras", str(cfg.max_staleness + 2),
+            "--dtype", "bfloat16",  # the trainer's dtype on a GPU (grpo_lab.core.devices)
+            "--max-model-len", str(cfg.max_prompt_length + cfg.max_completion_length),
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+            "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_rank)),
+            "--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu_loras),
             "--logprobs-mode", "processed_logprobs",
             # the model card's sampling defaults (e.g. top_p) would apply to every rollout
             "--generation-config", "vllm"]
@@ -108,10 +154,12 @@ def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> l
 
 def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str,
                            **flags) -> list[str]:
-    """`grpo-lab serve` arguments (after `grpo-lab`), the same server options as vLLM's."""
-    return serve_args(model, host, port, enable_lora=True, max_lora_rank=cfg.lora_rank,
-                      max_loras=cfg.max_staleness + 2, logprobs_mode="processed_logprobs",
-                      allowed_lora_root=mount, **flags)
+    """`grpo-lab serve` arguments (after `grpo-lab`): the LoRA options of vLLM's, on the
+    model's own context length and the CPU's dtype (the GPU-only settings stay with vLLM)."""
+    max_loras, _ = _lora_slots(cfg)
+    return serve_args(model, host, port, enable_lora=True,
+                      max_lora_rank=max_lora_rank(cfg.lora_rank), max_loras=max_loras,
+                      logprobs_mode="processed_logprobs", allowed_lora_root=mount, **flags)
 
 
 def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, ...] | list[str]
@@ -129,6 +177,15 @@ def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, 
         raise ValueError("need replicas >= 1, lora_rank >= 1 and max_staleness >= 0")
     if cfg.engine not in (None, "vllm", "grpo-lab"):
         raise ValueError(f"engine must be vllm or grpo-lab, got {cfg.engine!r}")
+    max_lora_rank(cfg.lora_rank)  # a rank no server can hold fails here, not in a job
+    max_loras, max_cpu_loras = _lora_slots(cfg)
+    if max_cpu_loras < max_loras:
+        raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_staleness + 2 "
+                         f"({max_loras}), as vLLM requires of --max-cpu-loras")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    if cfg.max_prompt_length < 1 or cfg.max_completion_length < 1:
+        raise ValueError("need max_prompt_length >= 1 and max_completion_length >= 1")
     run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
     if cfg.backend == "local":
         return _local_plan(cfg, run_name, list(trainer_args))
@@ -191,7 +248,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     trainer_flavor = cfg.trainer_flavor or "h200"
     engine = cfg.engine or ("vllm" if is_gpu_flavor(replica_flavor) else "grpo-lab")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "HF_HOME": HF_HOME}
     install, uploads = cfg.install, []
     if install is None:  # ship this checkout: a wheel in the run's folder of the bucket
         wheel = f"{run_name}/{WHEELS_DIR}/{package_wheel_name()}"
@@ -215,7 +272,9 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     proxy_url = f"http://127.0.0.1:{cfg.port}"
     proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", cfg.port,
                        upstream_token_env="HF_TOKEN")
-    wait = ["python", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
+    # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
+    # update-alternatives), and the reference's job scripts call python3 too
+    wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
             "--timeout-s", "1800", "--pid"]
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
     script = "\n".join([
@@ -227,7 +286,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         "",
     ])
     jobs.append(JobSpec(
-        name="trainer", command=["bash", "-c", script], env={"PYTHONUNBUFFERED": "1"},
+        name="trainer", command=["bash", "-c", script],
+        env={"PYTHONUNBUFFERED": "1", "HF_HOME": HF_HOME},
         secrets=["HF_TOKEN"], volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
         flavor=trainer_flavor, image=VLLM_IMAGE if is_gpu_flavor(trainer_flavor) else CPU_IMAGE,
         timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
