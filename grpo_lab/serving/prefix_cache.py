@@ -162,10 +162,11 @@ class PrefixCache:
                         block_size=self.block_size, max_blocks=self.max_blocks)
 
 
-# ---- moving KV between the cache and a batch -------------------------------------------------------
+# ---- moving KV between the cache and a batch ------------------------------------------------
 
 
-def assemble_prefixes(rows: list[list[KVBlock]], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def assemble_prefixes(rows: list[list[KVBlock]],
+                      width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each row's cached blocks, concatenated and left padded to `width` tokens, as one past KV
     per layer: [(keys, values)], each (rows, kv_heads, width, head_dim). Rows without a cached
     prefix are all padding (the attention mask hides it)."""

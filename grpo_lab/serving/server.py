@@ -19,7 +19,8 @@ Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0
 A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAPI answers.
 Generation runs in grpo_lab.serving.engine (continuous batching); adapters in
 grpo_lab.serving.lora_registry; cached prompt prefixes in grpo_lab.serving.prefix_cache
-(--enable-prefix-caching, on by default as in vLLM); the flags are `ServeConfig` (grpo_lab.serving.config);
+(--enable-prefix-caching, on by default as in vLLM); /server_info and /metrics are built in
+grpo_lab.serving.server_info; the flags are `ServeConfig` (grpo_lab.serving.config);
 `start_server_process` (grpo_lab.serving.process) starts a server as a process.
 The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
 bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
