@@ -402,7 +402,7 @@ def in_process(monkeypatch, tiny_model_and_tokenizer, env: dict, check, **config
 def test_gated_off_routes_answer_404_not_found(monkeypatch, tiny_model_and_tokenizer):
     async def check(http, server):
         for method, path in (("POST", "/pause"), ("POST", "/resume"), ("GET", "/server_info"),
-                             ("POST", "/v1/load_lora_adapter"),
+                             ("POST", "/reset_prefix_cache"), ("POST", "/v1/load_lora_adapter"),
                              ("POST", "/v1/unload_lora_adapter")):
             reply = await http.request(method, path, json={"lora_name": "a", "lora_path": "/a"})
             assert (reply.status, await reply.json()) == (404, {"detail": "Not Found"}), path

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model", help="hub id or local path of the base model; `tiny` = the "
                        "offline tiny model")
     add_config_flags(serve, ServeConfig, exclude=("model",))
+    serve.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                       action="store_false", help="turn prefix caching off (as in vLLM)")
 
     from ..proxy.config import ProxyConfig
 

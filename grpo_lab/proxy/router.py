@@ -24,17 +24,14 @@ Logged metrics (`PrefixRouter.stats()`):
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-RouteKind = Literal["affinity", "spill", "unmatched"]
+from ..serving.block_hashes import chained_block_hashes
 
-_SEED_DOMAIN = b"grpo_lab/prefix-cache-seed\x00"
-_DIGEST_SIZE = 8  # 64-bit hashes: collisions are negligible at 500,000 tracked blocks
+RouteKind = Literal["affinity", "spill", "unmatched"]
 
 
 @dataclass
@@ -122,22 +119,11 @@ class PrefixRouter:
         """Chained hashes of the prompt's full blocks: h1 = H(seed, b1), h2 = H(h1, b2), ...
 
         The seed is derived from the adapter name, so the same tokens under `policy-v3` and
-        `policy-v4` share no hash (vLLM keeps the adapter in every block's extra keys).
+        `policy-v4` share no hash (vLLM keeps the adapter in every block's extra keys). The
+        servers' prefix caches key their blocks with the same function
+        (grpo_lab.serving.block_hashes).
         """
-        bs = self.config.block_size
-        n_blocks = len(token_ids) // bs  # the last partial block is never cached
-        data = array("q", token_ids[: n_blocks * bs]).tobytes()  # 8 bytes per token id
-        step = bs * 8
-        seed = _SEED_DOMAIN + adapter_name.encode()
-        prev_digest = hashlib.blake2b(seed, digest_size=_DIGEST_SIZE).digest()  # h0 = seed(adapter)
-        hashes = []
-        for i in range(n_blocks):
-            # h_i names the whole prefix up to block i: it hashes h_{i-1} with block i's tokens
-            prev_digest = hashlib.blake2b(
-                prev_digest + data[i * step : (i + 1) * step], digest_size=_DIGEST_SIZE
-            ).digest()
-            hashes.append(int.from_bytes(prev_digest, "little"))
-        return hashes
+        return chained_block_hashes(token_ids, adapter_name, self.config.block_size)
 
     # ---- routing -------------------------------------------------------------------------------
 

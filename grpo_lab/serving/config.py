@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.devices import DTYPES, resolve_device, resolve_dtype
+from .prefix_cache import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS
 from .sampling import LOGPROBS_MODES
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM accepts for max_lora_rank
@@ -63,6 +64,14 @@ class ServeConfig:
     'No adapter found' (404), as a replica that has not seen it yet."""
     max_request_bytes: int = 16 * 2**20
     """Largest request body accepted (413 above)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of cached prompt prefixes, block by block, per adapter (on by default, as in
+    vLLM; `--no-enable-prefix-caching` or `--enable-prefix-caching false` turns it off)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Tokens per KV block of the prefix cache (vLLM: 16); only full blocks are cached."""
+    prefix_cache_max_blocks: int = DEFAULT_MAX_BLOCKS
+    """Most blocks the prefix cache keeps (least recently used evicted first); 1024 blocks of 16
+    = 16,384 tokens, 64 MiB for the tiny model."""
 
     def __post_init__(self):
         problems = []
@@ -77,7 +86,7 @@ class ServeConfig:
         except ValueError as exc:
             problems.append(str(exc))
         for name in ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_threads",
-                     "max_request_bytes"):
+                     "max_request_bytes", "block_size", "prefix_cache_max_blocks"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if not 0 <= self.port < 65536:

@@ -6,7 +6,8 @@ Continuous batching (Orca, Yu et al. 2022; vLLM) re-forms the batch between deco
     loop:
         admit    waiting sequences (up to max_num_seqs rows and max_loras distinct adapters):
                  one prefill forward over their prompts (left padded), sample their first token,
-                 and merge their KV cache into the running batch (left padding to a common length)
+                 and merge their KV cache into the running batch (left padding to a common length);
+                 with a prefix cache, only the part of each prompt not cached yet is computed
         decode   one forward for all running rows: each feeds its last token, at its own position
         sample   each row with its own parameters and seeded generator (grpo_lab.serving.sampling)
         retire   rows that hit EOS, a stop token, max_tokens or max_model_len; answer their request
@@ -17,7 +18,8 @@ add each adapter's delta to one contiguous slice. The KV cache is an ordinary tr
 
 The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
 sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports
-vLLM's three modes. Selecting and merging the batch's rows is in grpo_lab.serving.batch.
+vLLM's three modes. Selecting and merging the batch's rows is in grpo_lab.serving.batch, the
+prefill and its use of the prefix cache (grpo_lab.serving.prefix_cache) in grpo_lab.serving.prefill.
 
 The engine runs where the model's weights are (`self.device`, a GPU or the CPU): every tensor it
 builds (ids, masks, positions, the KV cache, sampling's noise) is made there, and only each
@@ -31,22 +33,24 @@ import inspect
 import threading
 
 import torch
-from transformers import DynamicCache
 
 from .batch import RunningBatch
 from .lora_registry import LoRARegistry
+from .prefill import Prefill
+from .prefix_cache import PrefixCache
 from .requests import RequestGroup, Sequence
 from .sampling import sample
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
-class Engine(RunningBatch):
+class Engine(Prefill, RunningBatch):
     """Owns the model; `submit` request groups from any thread; `start` runs the loop thread."""
 
     def __init__(self, model, *, eos_token_ids: list[int], max_model_len: int,
                  logprobs_mode: str = "raw_logprobs", max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, lora: LoRARegistry | None = None):
+                 max_num_batched_tokens: int = 8192, lora: LoRARegistry | None = None,
+                 prefix_cache: PrefixCache | None = None):
         self.model = model.eval()
         self.device = next(model.parameters()).device  # every tensor of the batch lives here
         self.eos_token_ids = set(eos_token_ids)
@@ -56,6 +60,7 @@ class Engine(RunningBatch):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.lora = lora
         self.max_loras = lora.max_loras if lora is not None else 0
+        self.prefix_cache = prefix_cache  # None: every prompt is prefilled whole
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         # Shared with other threads, guarded by _cond.
@@ -74,7 +79,8 @@ class Engine(RunningBatch):
         # (B, L) 1 on real tokens; (B,) the last sampled token of each row, not yet cached
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._next = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.stats = dict(steps=0, prefills=0, generated_tokens=0, max_batch=0)
+        self.stats = dict(steps=0, prefills=0, generated_tokens=0, max_batch=0, prompt_tokens=0,
+                          cached_prompt_tokens=0)  # prefilled = prompt - cached
 
     # ------------------------------------------------------------------ API (any thread)
 
@@ -245,31 +251,6 @@ class Engine(RunningBatch):
         return out.logits[:, -1, :], new_cache if new_cache is not None else out.past_key_values
 
     # ------------------------------------------------------------------ prefill and decode
-
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        """One forward over the new prompts (left padded); sample their first tokens; merge."""
-        seqs = sorted(seqs, key=lambda s: s.adapter_key)
-        width = max(len(s.prompt_ids) for s in seqs)
-        ids = torch.tensor([[0] * (width - len(s.prompt_ids)) + s.prompt_ids for s in seqs],
-                           device=self.device)
-        mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
-                             for s in seqs], device=self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` derives them
-        logits, cache = self._forward(seqs, ids, mask, positions, DynamicCache())
-        self.stats["prefills"] += 1
-        for s in seqs:
-            if s.params.repetition_penalty != 1.0:
-                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=self.device)
-                s.seen[torch.tensor(s.prompt_ids, device=self.device)] = True
-        tokens = self._sample_and_record(seqs, logits)
-        alive = [i for i, s in enumerate(seqs) if s.finish_reason is None]
-        if not alive:
-            return
-        index = torch.tensor(alive, device=self.device)
-        new_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in
-                  ((layer.keys, layer.values) for layer in cache.layers)]
-        self._merge([seqs[i] for i in alive], new_kv, mask.index_select(0, index),
-                    tokens.index_select(0, index))
 
     def _decode_step(self) -> None:
         """Feed every running row its last sampled token; sample the next; retire finished rows."""

@@ -32,6 +32,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id, when one ended it
     seen: torch.Tensor | None = None  # (V,) bool, only with a repetition penalty
+    num_cached_tokens: int = 0  # prompt tokens read from the prefix cache, not computed
 
     @property
     def adapter_key(self) -> int:

@@ -7,7 +7,9 @@ Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0
 
     GET  /health                     200 while the engine lives, 503 once it died
     GET  /v1/models                  base card first, then one card per loaded adapter
+    GET  /metrics                    Prometheus text: vLLM's token and prefix-cache counters
     GET  /server_info                {"vllm_config": ...}          (VLLM_SERVER_DEV_MODE=1)
+    POST /reset_prefix_cache         200, empty; flushes the cache (VLLM_SERVER_DEV_MODE=1)
     POST /pause?mode=abort|wait|keep {"status": "paused"}          (VLLM_SERVER_DEV_MODE=1)
     POST /resume                     {"status": "resumed"}         (VLLM_SERVER_DEV_MODE=1)
     POST /v1/load_lora_adapter       plain-text success   (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
@@ -16,7 +18,9 @@ Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0
 
 A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAPI answers.
 Generation runs in grpo_lab.serving.engine (continuous batching); adapters in
-grpo_lab.serving.lora_registry; the flags are `ServeConfig` (grpo_lab.serving.config);
+grpo_lab.serving.lora_registry; cached prompt prefixes in grpo_lab.serving.prefix_cache
+(--enable-prefix-caching, on by default as in vLLM); /server_info and /metrics are built in
+grpo_lab.serving.server_info; the flags are `ServeConfig` (grpo_lab.serving.config);
 `start_server_process` (grpo_lab.serving.process) starts a server as a process.
 The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
 bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
@@ -33,13 +37,13 @@ import secrets
 import sys
 import time
 import traceback
-from dataclasses import asdict
 
 from aiohttp import web
 
 from .config import ServeConfig
 from .engine import Engine
 from .lora_registry import LoRARegistry, read_adapter
+from .prefix_cache import PrefixCache
 from .process import READY_MARKER, serve_until_signalled
 from .protocol import (
     RequestError,
@@ -50,6 +54,7 @@ from .protocol import (
     parse_completion_request,
 )
 from .requests import RequestGroup, Sequence, make_generator
+from .server_info import PROMETHEUS_CONTENT_TYPE, prometheus_text, vllm_config
 
 
 def _gate(name: str) -> bool:
@@ -92,7 +97,10 @@ class RolloutServer:
                              max_model_len=self.max_model_len,
                              logprobs_mode=config.logprobs_mode,
                              max_num_seqs=config.max_num_seqs,
-                             max_num_batched_tokens=config.max_num_batched_tokens, lora=self.lora)
+                             max_num_batched_tokens=config.max_num_batched_tokens, lora=self.lora,
+                             prefix_cache=PrefixCache(config.block_size,
+                                                      config.prefix_cache_max_blocks)
+                             if config.enable_prefix_caching else None)
         self.api_key = config.api_key or os.environ.get("VLLM_API_KEY") or None
         self.dev_mode = _gate("VLLM_SERVER_DEV_MODE")
         self.runtime_lora = _gate("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
@@ -106,11 +114,13 @@ class RolloutServer:
                               middlewares=[self._errors, self._auth])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         if self.dev_mode:
             app.router.add_get("/server_info", self.server_info)
             app.router.add_post("/pause", self.pause)
             app.router.add_post("/resume", self.resume)
+            app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         if self.runtime_lora:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
@@ -178,35 +188,7 @@ class RolloutServer:
         return _json({"object": "list", "data": data})
 
     def vllm_config(self) -> dict:
-        cfg = self.config
-        lora = None
-        if cfg.enable_lora:
-            lora = {"max_lora_rank": cfg.max_lora_rank, "max_loras": cfg.max_loras,
-                    "max_cpu_loras": None, "lora_dtype": "auto", "fully_sharded_loras": False}
-        return {
-            "model_config": {"model": self.model_path, "served_model_name": self.base_name,
-                             "tokenizer": self.model_path, "dtype": str(self.dtype),
-                             "max_model_len": self.max_model_len,
-                             "max_logprobs": cfg.max_logprobs, "logprobs_mode": cfg.logprobs_mode},
-            "parallel_config": {"data_parallel_size": 1, "tensor_parallel_size": 1,
-                                "pipeline_parallel_size": 1},
-            "scheduler_config": {"max_num_seqs": cfg.max_num_seqs,
-                                 "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                                 "max_model_len": self.max_model_len},
-            "device_config": {"device": self.device},
-            "lora_config": lora,
-            "grpo_lab": {"engine": dict(self.engine.stats), "paused": self.engine.paused,
-                         "peak_gpu_memory_bytes": self.peak_gpu_memory(),
-                         **{k: v for k, v in asdict(cfg).items() if k != "api_key"}},
-        }
-
-    def peak_gpu_memory(self) -> int | None:
-        """Most bytes torch has held on this server's GPU at once (None on the CPU)."""
-        if not self.device.startswith("cuda"):
-            return None
-        import torch
-
-        return torch.cuda.max_memory_allocated(self.device)
+        return vllm_config(self)
 
     async def server_info(self, request):
         fmt = request.query.get("config_format", "text")
@@ -227,6 +209,20 @@ class RolloutServer:
     async def resume(self, request):
         self.engine.resume()
         return _json({"status": "resumed"})
+
+    async def metrics(self, request):
+        return web.Response(body=prometheus_text(self).encode(),
+                            headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+    async def reset_prefix_cache(self, request):
+        if self.engine.prefix_cache is not None:  # blocks are copies: running rows keep theirs
+            self.engine.prefix_cache.reset()
+        return web.Response(status=200)
+
+    def _forget_cached_blocks(self, name: str) -> None:
+        """A name loaded again or unloaded: its cached KV belongs to other weights."""
+        if self.engine.prefix_cache is not None:
+            self.engine.prefix_cache.drop(name)
 
     async def load_lora_adapter(self, request):
         body = await self._json_body(request)
@@ -256,6 +252,7 @@ class RolloutServer:
             allowed_root=self.config.allowed_lora_root,
             visibility_lag_s=self.config.adapter_visibility_lag_s))
         self.lora.add(adapter, replace=inplace)
+        self._forget_cached_blocks(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora_adapter(self, request):
@@ -268,6 +265,7 @@ class RolloutServer:
                                "InvalidUserInput")
         if self.lora is None or self.lora.remove(name) is None:
             raise RequestError(f"The lora adapter '{name}' cannot be found.", 404)
+        self._forget_cached_blocks(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     def token_text(self, token_id: int) -> str:

@@ -1,0 +1,45 @@
+"""Names for KV blocks: the chained hash of a prompt's full blocks (vLLM's prefix-cache keys).
+
+A prompt's tokens are cut into blocks of `block_size` (vLLM: 16); only full blocks count, the
+partial tail of a prompt is always recomputed. Block i's hash covers block i-1's hash and block
+i's tokens,
+
+    h_1 = H(seed(namespace), tokens of block 1),   h_i = H(h_{i-1}, tokens of block i),
+
+so h_i names the whole prefix ending at block i: two prompts share h_i exactly when their first
+i blocks are equal. The seed comes from a namespace, the adapter's name ("" = the base model):
+LoRA changes the keys and values, so a prompt under `policy-v3` shares no block with the same
+prompt under `policy-v4` (vLLM puts the adapter in every block's extra keys).
+
+Two users, one function: the server's prefix cache (grpo_lab.serving.prefix_cache) keys its
+blocks with it, and the proxy's router (grpo_lab.proxy.router) uses it to remember which replica
+cached which prefix. The hashes are not vLLM's numbers, they name the same prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+SEED_DOMAIN = b"grpo_lab/prefix-cache-seed\x00"
+DIGEST_SIZE = 8  # 64-bit hashes: collisions are negligible at 500,000 tracked blocks
+
+
+def chained_block_hashes(token_ids: Sequence[int], namespace: str, block_size: int) -> list[int]:
+    """Hashes of the prompt's full blocks: h1 = H(seed, b1), h2 = H(h1, b2), ...
+
+    `namespace`: the adapter's name, "" for the base model (it seeds the chain).
+    """
+    n_blocks = len(token_ids) // block_size  # the last partial block is never cached
+    data = array("q", token_ids[: n_blocks * block_size]).tobytes()  # 8 bytes per token id
+    step = block_size * 8
+    prev_digest = hashlib.blake2b(SEED_DOMAIN + namespace.encode(),
+                                  digest_size=DIGEST_SIZE).digest()  # h0 = seed(namespace)
+    hashes = []
+    for i in range(n_blocks):
+        # h_i names the whole prefix up to block i: it hashes h_{i-1} with block i's tokens
+        prev_digest = hashlib.blake2b(prev_digest + data[i * step: (i + 1) * step],
+                                      digest_size=DIGEST_SIZE).digest()
+        hashes.append(int.from_bytes(prev_digest, "little"))
+    return hashes
