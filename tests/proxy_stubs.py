@@ -61,6 +61,7 @@ class StubReplica:
         self.load_attempts: Counter = Counter()
         self.seen: list[tuple[str, str, str | None]] = []  # (method, path_qs, Authorization)
         self.paused = False
+        self.cache_resets = 0
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
 
@@ -159,6 +160,10 @@ class StubReplica:
         self.paused = False
         return web.json_response({"status": "resumed"})
 
+    async def reset_prefix_cache(self, request):
+        self.cache_resets += 1
+        return web.Response(status=200)  # vLLM answers 200 with an empty body
+
     async def server_info(self, request):
         return web.json_response({"vllm_config": {
             "parallel_config": {"data_parallel_size": 2, "tensor_parallel_size": 1},
@@ -188,6 +193,7 @@ class StubReplica:
         app.router.add_post("/v1/unload_lora_adapter", self.unload)
         app.router.add_post("/pause", self.pause)
         app.router.add_post("/resume", self.resume)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/v1/models", self.models)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1,

@@ -169,6 +169,15 @@ def test_pause_resume_broadcast_and_health_needs_every_replica():
     run(body())
 
 
+def test_reset_prefix_cache_reaches_every_replica():
+    async def body():
+        async with fleet(3) as f:
+            status, _, _ = await f.post("/reset_prefix_cache")
+            assert status == 200 and [s.cache_resets for s in f.stubs] == [1, 1, 1]
+            assert (await f.get("/proxy/stats"))[1]["broadcasts"]["reset_prefix_cache"] == 1
+    run(body())
+
+
 def test_server_info_and_models_come_from_one_replica_as_one_server():
     async def body():
         async with fleet(2) as f:

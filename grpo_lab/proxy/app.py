@@ -8,7 +8,7 @@ of several replicas"; docs/recipe.md, "The proxy"):
 
     POST /v1/completions, /v1/chat/completions  each prompt to one replica (proxy/router.py);
                                                 the answer names it in `X-Proxy-Upstream`
-    POST /pause, /resume                        sent to every replica in routing
+    POST /pause, /resume, /reset_prefix_cache   sent to every replica in routing
     POST /v1/load_lora_adapter                  every replica in routing or none (broadcast.py)
     POST /v1/unload_lora_adapter                every replica in routing
     GET  /health                                200 only if every replica answers 200
@@ -182,8 +182,9 @@ def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:
     app[PROXY_KEY] = proxy
     app.router.add_post("/v1/completions", proxy.completions.forward)
     app.router.add_post("/v1/chat/completions", proxy.completions.forward)
-    app.router.add_post("/pause", proxy.broadcaster.pause_resume)
-    app.router.add_post("/resume", proxy.broadcaster.pause_resume)
+    app.router.add_post("/pause", proxy.broadcaster.to_every_replica)
+    app.router.add_post("/resume", proxy.broadcaster.to_every_replica)
+    app.router.add_post("/reset_prefix_cache", proxy.broadcaster.to_every_replica)
     app.router.add_post(LOAD_PATH, proxy.broadcaster.adapter_op)
     app.router.add_post(UNLOAD_PATH, proxy.broadcaster.adapter_op)
     app.router.add_get("/health", proxy.info.health)

@@ -2,6 +2,7 @@
 
 `Broadcaster`, the requests that change the replicas' state:
     POST /pause, /resume              sent to every replica in routing
+    POST /reset_prefix_cache          every replica in routing (each one's prefix cache flushed)
     POST /v1/load_lora_adapter        every replica in routing or none (grpo_lab.proxy.broadcast);
                                       one operation per adapter name at a time
     POST /v1/unload_lora_adapter      every replica in routing
@@ -38,7 +39,7 @@ from .broadcast import (
 from .config import ProxyConfig
 from .replicas import ReplicaSet
 
-BROADCAST_PATHS = ("/pause", "/resume", LOAD_PATH, UNLOAD_PATH)
+BROADCAST_PATHS = ("/pause", "/resume", "/reset_prefix_cache", LOAD_PATH, UNLOAD_PATH)
 
 
 class Broadcaster:
@@ -115,7 +116,8 @@ class Broadcaster:
         ctype = "application/json" if result.body.lstrip()[:1] in ("{", "[") else "text/plain"
         return web.Response(text=result.body, status=result.status, content_type=ctype)
 
-    async def pause_resume(self, request: web.Request) -> web.Response:
+    async def to_every_replica(self, request: web.Request) -> web.Response:
+        """/pause, /resume, /reset_prefix_cache: the same call to every replica in routing."""
         self.counters["broadcasts"][request.path.lstrip("/")] += 1
         replicas = self.replicas.up()
         if not replicas:
