@@ -12,6 +12,7 @@ from grpo_lab.bucket.adapters import AdapterBucket
 from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.rollout.generators import Generator
 from grpo_lab.rollout.http_generator import HTTPGenerator
+from grpo_lab.serving.client import ServerError
 from grpo_lab.serving.process import start_server_process
 from grpo_lab.train.trainer import pad_left, pad_right
 
@@ -69,7 +70,9 @@ def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_pat
         generator.close()
 
 
-def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer):
+@pytest.mark.parametrize("request_shape, requests_per_step", [("group", 4), ("single", 16)])
+def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer,
+                                                 request_shape, requests_per_step):
     from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
     from grpo_lab.rollout.config import AsyncGRPOConfig
 
@@ -78,8 +81,9 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
     config = AsyncGRPOConfig(steps=3, prompts_per_step=4, num_generations=4, eval_size=16,
                              eval_every=0, progress=False, log_every=100, asynchronous=False,
                              lora_rank=1, max_staleness=0)
-    bucket = AdapterBucket(tmp_path / "lora", prefix="run1", max_staleness=0)
-    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0)
+    bucket = AdapterBucket(tmp_path / "lora", prefix=f"run-{request_shape}", max_staleness=0)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0,
+                              request_shape=request_shape)
     try:
         trainer = AsyncGRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer,
                                    generator=generator)
@@ -87,20 +91,28 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
         assert len(records) == 3
         for record in records:  # staleness 0, one update per batch: the ratio is exactly 1
             assert abs(record["ratio"] - 1) < 1e-3, record
-            assert record["rollout/inflight"] == 4  # one request per prompt, all at once
+            # All of a step's requests at once: 4 prompts (n = 4), or 4 x 4 completions (n = 1).
+            assert record["rollout/inflight"] == requests_per_step
         assert generator.latest_version == 3
-        loaded = [m["id"] for m in generator.client.models() if m["id"].startswith("run1-")]
-        assert loaded == ["run1-v3"] and bucket.versions() == [2, 3]
+        loaded = [m["id"] for m in generator.client.models()
+                  if m["id"].startswith(bucket.prefix + "-")]
+        assert loaded == [f"{bucket.prefix}-v3"] and bucket.versions() == [2, 3]
     finally:
         generator.close()
 
 
-@pytest.mark.parametrize("cap, expected_peak", [(1, 1), (2, 2), (None, 6)])
+# 6 prompts x G = 2: "group" sends 6 requests (the cap counts prompts), "single" sends 12 of
+# n = 1 (the cap counts completions, as TRL's does).
+@pytest.mark.parametrize("shape, cap, expected_peak", [
+    ("group", 1, 1), ("group", 2, 2), ("group", None, 6),
+    ("single", 3, 3), ("single", None, 12)])
 def test_max_inflight_caps_the_requests_in_flight(server, tmp_path, peft_model,
-                                                  tiny_model_and_tokenizer, cap, expected_peak):
+                                                  tiny_model_and_tokenizer, shape, cap,
+                                                  expected_peak):
     tokenizer = tiny_model_and_tokenizer[1]
-    bucket = AdapterBucket(tmp_path / "lora", prefix=f"cap{cap}", max_staleness=0)
-    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0, max_inflight=cap)
+    bucket = AdapterBucket(tmp_path / "lora", prefix=f"cap-{shape}-{cap}", max_staleness=0)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0, max_inflight=cap,
+                              request_shape=shape)
     try:
         generator.publish(peft_model, 0)
         prompts = [tokenizer(f"{i}+{i}=")["input_ids"] for i in range(6)]
@@ -115,6 +127,44 @@ def test_max_inflight_caps_the_requests_in_flight(server, tmp_path, peft_model,
         generator.close()
 
 
+def test_single_shape_sends_g_requests_per_prompt_retried_one_by_one(
+        server, tmp_path, peft_model, tiny_model_and_tokenizer):
+    tokenizer = tiny_model_and_tokenizer[1]
+    bucket = AdapterBucket(tmp_path / "lora", prefix="single", max_staleness=0)
+    generator = HTTPGenerator(server.url, bucket, max_staleness=0, seed=0, retries=1,
+                              retry_every_s=0.0, request_shape="single")
+    sent = []  # (prompt, n, seed) of every request that reached the server
+    completions = generator.client.client.completions
+
+    async def first_try_of_request_5_fails(prompt, **kwargs):
+        sent.append((tuple(prompt), kwargs["n"], kwargs["seed"]))
+        if len(sent) == 5:  # a replica died under this one request
+            raise ServerError("POST", "/v1/completions", 503, "replica down")
+        return await completions(prompt, **kwargs)
+
+    try:
+        generator.publish(peft_model, 0)
+        generator.client.client.completions = first_try_of_request_5_fails
+        prompts = [tokenizer(t)["input_ids"] for t in ("12+34=", "7+8=", "99+1=")]
+        out = generator.generate(prompts, version=0, num_generations=4, max_new_tokens=6,
+                                 temperature=1.0)
+        assert out.prompt_ids == [p for p in prompts for _ in range(4)]  # prompt-major
+        assert len(out.completion_ids) == len(out.logprobs) == len(out.texts) == 12
+        # 3 x 4 requests of n = 1, prompt-major, then request 5 (prompt 2's first) alone again.
+        assert [(prompt, n) for prompt, n, _ in sent] == (
+            [(tuple(p), 1) for p in prompts for _ in range(4)] + [(tuple(prompts[1]), 1)])
+        assert sent[-1] == sent[4] and generator.retried == 1
+        assert len({seed for _, _, seed in sent[:12]}) == 12  # a seed per completion
+        for group in range(3):  # so a prompt's G samples differ
+            samples = out.completion_ids[4 * group: 4 * group + 4]
+            assert len({tuple(c) for c in samples}) > 1, samples
+    finally:
+        generator.client.unload_lora_adapter(generator.name(0))
+        generator.close()
+
+
 def test_max_inflight_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="max_inflight"):
         HTTPGenerator("http://127.0.0.1:9", AdapterBucket(tmp_path), max_inflight=0)
+    with pytest.raises(ValueError, match="request_shape"):
+        HTTPGenerator("http://127.0.0.1:9", AdapterBucket(tmp_path), request_shape="n")

@@ -20,7 +20,7 @@ def _records(steps: int, *, wait: float, held: float, queue: int, fwd_bwd: float
 
 
 def _run(name: str, records: list[dict], window: int = 8) -> KnobRun:
-    knobs = {"replicas": 1, "max_inflight": None, "token_budget": None,
+    knobs = {"replicas": 1, "max_inflight": None, "request_shape": "group", "token_budget": None,
              "weight_sync_steps": 1, "max_staleness": 1}
     return KnobRun(name, knobs, records, diagnose(records, window=window), 1.0, 16)
 
@@ -57,6 +57,7 @@ def test_table_and_plot_show_every_run():
     ("has space", {}, "run name"),
     ("ok", {"steps": 4, "window": 8}, "window"),
     ("ok", {"steps": 4, "window": 0}, "window"),
+    ("ok", {"request_shape": "batch"}, "request_shape"),
 ])
 def test_bad_input_is_refused_before_anything_starts(tmp_path, name, kwargs, message):
     with pytest.raises(ValueError, match=message):

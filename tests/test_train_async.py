@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
+from grpo_lab.cli.train_async import TrainAsyncJobConfig
 from grpo_lab.jobs.plan import recipe_plan
 from grpo_lab.serving.process import start_server_process
 
@@ -85,6 +87,17 @@ def test_recipe_plan_trainer_command_is_a_valid_train_async_call(tmp_path):
     assert args.command == "train-async" and args.resume
     assert args.server_url.startswith("http://127.0.0.1:")
     assert args.bucket == f"{tmp_path / 'bucket'}/r1/adapters" and args.max_staleness == 4
+
+
+def test_request_shape_is_a_train_async_flag():
+    base = ["train-async", "--server-url", "http://127.0.0.1:9"]
+    args = build_parser().parse_args([*base, "--request-shape", "single"])
+    assert config_from_args(args, TrainAsyncJobConfig).request_shape == "single"
+    args = build_parser().parse_args(base)
+    assert config_from_args(args, TrainAsyncJobConfig).request_shape == "group"  # n = G
+    with pytest.raises(ValueError, match="request_shape"):
+        config_from_args(build_parser().parse_args([*base, "--request-shape", "n1"]),
+                         TrainAsyncJobConfig)
 
 
 @pytest.mark.slow

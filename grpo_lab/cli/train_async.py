@@ -34,7 +34,7 @@ from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
-from ..rollout.http_generator import HTTPGenerator
+from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
 from ..train.metrics import read_metrics
 from .flags import add_config_flags, config_from_args
 
@@ -58,9 +58,13 @@ class TrainAsyncJobConfig:
     """Adapters are named <prefix>-v<N> in the bucket and on the servers."""
     request_retries: int = 3
     """Times a completion answered 502/503/504 (a replica died under it) is sent again."""
+    request_shape: str = "group"
+    """How a step's samples are asked for: "group" = one request per prompt with n = G;
+    "single" = G requests of n = 1 per prompt (TRL's rollout worker, the blog's shape)."""
     max_inflight: int | None = None
-    """Most completion requests in flight at once (one request = one prompt with n = G
-    completions; default: all of a step's prompts)."""
+    """Most completion requests in flight at once (default: all of a step's). With "group" a
+    request is one prompt with n = G completions; with "single" it is one completion, as TRL
+    counts its cap."""
     api_key_env: str | None = None
     """Environment variable holding the servers' bearer token."""
 
@@ -71,6 +75,9 @@ class TrainAsyncJobConfig:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.request_shape not in REQUEST_SHAPES:
+            raise ValueError(f"request_shape must be one of {REQUEST_SHAPES}, "
+                             f"got {self.request_shape!r}")
 
     @property
     def api_key(self) -> str | None:
@@ -155,7 +162,8 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     generator = LoggedHTTPGenerator(job.server_url, bucket, api_key=job.api_key,
                                     max_staleness=config.max_staleness, seed=config.seed,
                                     log_path=out / "syncs.jsonl", retries=job.request_retries,
-                                    max_inflight=job.max_inflight)
+                                    max_inflight=job.max_inflight,
+                                    request_shape=job.request_shape)
     try:
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes when it starts
         trainer.logger.records = list(previous)

@@ -8,6 +8,8 @@ that feeds it, run again, read again. Each call of `run_with_knobs` is one such 
 
 The knobs it turns:
     max_inflight        the client's cap on completion requests in flight   (generation side)
+    request_shape       "group": a request per prompt, n = G; "single": G of n = 1 (TRL's),
+                        so max_inflight counts prompts or completions       (generation side)
     server_url          one replica, or the proxy in front of N replicas     (generation side)
     token_budget        forward tokens per micro-batch: the number of passes (trainer side)
     weight_sync_steps   optimizer steps per weight sync                      (both: staleness)
@@ -27,7 +29,7 @@ from pathlib import Path
 from ..bucket.adapters import AdapterBucket
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
-from ..rollout.http_generator import HTTPGenerator
+from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
 from .diagnose import (
     BACKPRESSURE,
     FWD_BWD,
@@ -68,7 +70,8 @@ class KnobRun:
 
 
 def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps: int = 24,
-                   window: int = 16, max_inflight: int | None = None, replicas: int = 1,
+                   window: int = 16, max_inflight: int | None = None,
+                   request_shape: str = "group", replicas: int = 1,
                    progress: bool = True, **config_fields) -> KnobRun:
     """Train `steps` asynchronous LoRA GRPO steps against `server_url` and diagnose the run.
 
@@ -84,13 +87,16 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
                          f"(got {name!r})")
     if not 1 <= window <= steps:
         raise ValueError(f"need 1 <= window <= steps (got window {window}, steps {steps})")
+    if request_shape not in REQUEST_SHAPES:
+        raise ValueError(f"request_shape must be one of {REQUEST_SHAPES} (got {request_shape!r})")
     config = AsyncGRPOConfig(**{"eval_every": 0, "eval_size": 16, "log_every": 10 ** 9,
                                 "progress": progress, **config_fields, "steps": steps})
     prefix = f"{name}-{uuid.uuid4().hex[:6]}"
     bucket = AdapterBucket(Path(bucket_root) / prefix, prefix=prefix,
                            max_staleness=config.max_staleness)
     generator = HTTPGenerator(server_url, bucket, max_staleness=config.max_staleness,
-                              seed=config.seed, max_inflight=max_inflight)
+                              seed=config.seed, max_inflight=max_inflight,
+                              request_shape=request_shape)
     start = time.perf_counter()
     try:
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes v0 when it starts
@@ -105,7 +111,7 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
                                   stacklevel=2)
         finally:
             generator.close()
-    knobs = {"replicas": replicas, "max_inflight": max_inflight,
+    knobs = {"replicas": replicas, "max_inflight": max_inflight, "request_shape": request_shape,
              "token_budget": config.token_budget, "weight_sync_steps": config.weight_sync_steps,
              "max_staleness": config.max_staleness}
     return KnobRun(name, knobs, records, diagnose(records, window=window),

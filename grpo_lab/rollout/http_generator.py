@@ -12,11 +12,17 @@ several) without touching the training loop:
         5. POST /v1/unload_lora_adapter  policy-v(N - max_staleness - 1); the bucket deletes its
                                 directory one sync later
     generate(prompt_ids, version=v, ...)
-        one /v1/completions request per prompt, n = G, `model = "policy-vv"`, a fresh seed each,
-        at most `max_inflight` of them at a time (the client's cap; None = all at once),
-        untruncated sampling (top_p 1, top_k 0) so the server's processed logprobs are the
-        trainer's old-policy logprobs; with `retries`, a request answered 502/503/504 (a
-        replica died under it, the proxy took it out) is sent again, alone
+        /v1/completions requests in one of two shapes (`request_shape`):
+            "group"   one request per prompt with n = G (the server samples the group at once)
+            "single"  G requests of n = 1 per prompt: TRL's rollout worker, the blog's shape,
+                      so a KV-prefix router sees every prompt G times and can send the copies
+                      to the replica that already holds its prefix
+        `model = "policy-vv"`, a fresh seed per request (so a prompt's G single requests
+        sample differently), at most `max_inflight` requests at a time (the client's cap;
+        None = all at once), untruncated sampling (top_p 1, top_k 0) so the server's processed
+        logprobs are the trainer's old-policy logprobs; with `retries`, a request answered
+        502/503/504 (a replica died under it, the proxy took it out) is sent again, alone.
+        Either shape returns the same `Completions`, prompt-major (by prompt, then sample).
 
 Every version has its own name: a reused name would let a server mix policies (prefix cache).
 """
@@ -35,6 +41,9 @@ from ..serving.client import BlockingClient, ServerError
 RETRY_STATUSES = (502, 503, 504)
 """The proxy's answers when a replica fails under a request: worth sending it again."""
 
+REQUEST_SHAPES = ("group", "single")
+"""One request with n = G per prompt, or G requests with n = 1 per prompt (TRL's)."""
+
 
 class HTTPGenerator:
     """Samples from policy versions loaded on an inference server; publishes through a bucket."""
@@ -43,9 +52,12 @@ class HTTPGenerator:
                  max_staleness: int = 1, load_timeout_s: float = 60.0,
                  retry_every_s: float = 0.25, seed: int | None = None,
                  request_timeout_s: float = 600.0, retries: int = 0,
-                 max_inflight: int | None = None):
+                 max_inflight: int | None = None, request_shape: str = "group"):
         if max_inflight is not None and max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1 or None (got {max_inflight})")
+        if request_shape not in REQUEST_SHAPES:
+            raise ValueError(f"request_shape must be one of {REQUEST_SHAPES} "
+                             f"(got {request_shape!r})")
         self.bucket = bucket
         self.max_staleness = max_staleness
         self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
@@ -62,13 +74,18 @@ class HTTPGenerator:
         (0 = fail at once)."""
         self.retried = 0
         """Completion requests and weight-sync calls sent again so far."""
+        self.request_shape = request_shape
+        """"group": one request per prompt with n = G; "single": G requests of n = 1 per
+        prompt (TRL's rollout worker, the blog's)."""
         self.max_inflight = max_inflight
         """Most completion requests in flight at once within one `generate` call (None = all of
-        its prompts at once): the recipe's "client cap on in-flight requests", a knob of the
-        pipeline's balance. A request is one prompt with n = G completions; the async trainer's
-        worker generates one step at a time, so a cap above prompts_per_step changes nothing."""
+        its requests at once): the recipe's "client cap on in-flight requests", a knob of the
+        pipeline's balance. It counts requests, so what it bounds depends on the shape:
+        "group": prompts (each G completions; a cap above prompts_per_step changes nothing);
+        "single": completions, as TRL's cap counts them (above prompts_per_step * G, nothing).
+        The async trainer's worker generates one step at a time."""
         self.inflight_peak = 0
-        """The most requests that were in flight at once so far."""
+        """The most requests that were in flight at once so far (completions with "single")."""
         self._inflight = 0
         self._recent_peak = 0  # since the last `pop_inflight_peak`
 
@@ -127,9 +144,9 @@ class HTTPGenerator:
                 time.sleep(1.0)
 
     async def _generate(self, prompt_ids, name, n, max_new_tokens, temperature, seeds):
-        """One request per prompt. A request the server (or proxy) answers 502/503/504 (a
-        replica went down under it) is sent again, up to `retries` times; the answers that
-        came back are kept, so no prompt is ever counted twice."""
+        """One request per entry of `prompt_ids`, each with `n` samples. A request the server
+        (or proxy) answers 502/503/504 (a replica went down under it) is sent again, up to
+        `retries` times; the answers that came back are kept, so no sample is counted twice."""
         replies: list = [None] * len(prompt_ids)
         cap = asyncio.Semaphore(self.max_inflight or len(prompt_ids))
 
@@ -171,12 +188,15 @@ class HTTPGenerator:
     def generate(self, prompt_ids, *, version, num_generations, max_new_tokens,
                  temperature) -> Completions:
         name = self.name(version)
+        # The shape: G copies of each prompt with n = 1, or each prompt once with n = G.
+        copies, n = ((num_generations, 1) if self.request_shape == "single"
+                     else (1, num_generations))
+        requests = [list(p) for p in prompt_ids for _ in range(copies)]  # prompt-major
         with self._lock:
-            seeds = [self._rng.getrandbits(63) for _ in prompt_ids]
+            seeds = [self._rng.getrandbits(63) for _ in requests]  # one per request: G differ
         try:
             replies = self.client.call(self._generate(
-                [list(p) for p in prompt_ids], name, num_generations, max_new_tokens,
-                temperature, seeds))
+                requests, name, n, max_new_tokens, temperature, seeds))
         except ServerError as exc:
             if exc.status == 404 and exc.param == "model":
                 raise KeyError(f"policy version {version} ({name}) is not loaded on the "

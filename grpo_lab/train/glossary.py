@@ -45,7 +45,8 @@ METRICS: dict[str, str] = {
                               "(the staleness admission rule)",
     "rollout/generated_tok_s": "completion tokens per second of the worker's generation time",
     "rollout/inflight": "most generation requests in flight at once since the last step "
-                        "(generators over HTTP only)",
+                        "(generators over HTTP only; a request is a prompt's G completions, "
+                        "or one completion with request_shape 'single')",
     "sample/rollout_queue_size": "groups in the buffer when the trainer came for its batch",
     "sample/rollout_queue_maxsize": "the buffer's bound",
     "sample/staleness_mean": "mean version lag of this step's samples",
