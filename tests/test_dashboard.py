@@ -149,3 +149,47 @@ def test_plot_pipeline_reads_a_run_folder(tmp_path):
         assert fig._suptitle.get_text().startswith("generation too slow")
     finally:
         plt.close(fig)
+
+
+def _metrics_server(text: str):
+    """A loopback HTTP server answering GET /metrics with `text` (a replica's Prometheus page)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_replica_cache_stats_sums_the_replicas_prometheus_counters():
+    from grpo_lab.observe.dashboard import _router_counters, replica_cache_stats
+
+    page = ("# TYPE vllm:prefix_cache_queries counter\n"
+            'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {h}\n'
+            "# TYPE vllm:prompt_tokens counter\n"
+            'vllm:prompt_tokens_total{{engine="0",model_name="m"}} 999\n')
+    servers = [_metrics_server(page.format(q=100, h=80)), _metrics_server(page.format(q=60, h=0))]
+    try:
+        urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+        stats = replica_cache_stats(urls)
+        assert stats == {"cache_queries": 160.0, "cache_hits": 80.0, "cache_hit_rate": 0.5}
+        assert replica_cache_stats(urls[1:])["cache_hit_rate"] == 0.0
+        line = Dashboard.line([{"step": 1, "reward": 0.5}],
+                              _router_counters({"router": {"affinity": 3}, **stats}))
+        assert "router affinity 3 cache_hit_rate 0.5" in line
+    finally:
+        for s in servers:
+            s.shutdown()

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..core.argv import flag_args
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
-from ..observe.dashboard import proxy_stats
+from ..observe.dashboard import proxy_stats, replica_cache_stats
 from ..observe.plots import plot_pipeline
 from ..rollout.config import AsyncGRPOConfig
 from ..train.metrics import plot_training, read_metrics
@@ -136,6 +136,8 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
                 on_step)
         code = launcher.procs["trainer"].wait(timeout=30)
         stats = proxy_stats(proxy_url)
+        cache = replica_cache_stats([f"http://127.0.0.1:{plan[name].ports[0]}"
+                                     for name in plan.names if name.startswith("replica")])
         status = launcher.status()
     wall = time.perf_counter() - start
     if code != 0:
@@ -154,6 +156,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "steps": trained["steps"], "samples": trained["samples"],
         "syncs": len(syncs), "sync_p50_s": statistics.median(s["sync_s"] for s in syncs),
         "router": {k: router.get(k) for k in ("routed", "affinity", "spilled", "unmatched")},
+        "prefix_cache": cache,
         "proxy": {k: stats.get(k) for k in ("marked_down", "rerouted", "errors", "down_reasons")},
         "retried_requests": trained["retried_requests"], "groups": trained["groups"],
         "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -179,6 +182,7 @@ def print_summary(s: dict, min_gain: float) -> None:
         ("steps / samples", f"{s['steps']} / {s['samples']}"),
         ("weight syncs", f"{s['syncs']}, p50 {s['sync_p50_s']:.3f} s"),
         ("router", " ".join(f"{k} {v}" for k, v in s["router"].items())),
+        ("prefix cache", prefix_cache_line(s["prefix_cache"])),
         ("ratio range", f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}"),
         ("staleness", f"mean {s['staleness_mean']:.2f}, max {s['staleness_max']:g}, "
                       f"groups dropped {s['dropped_stale']}"),
@@ -194,6 +198,14 @@ def print_summary(s: dict, min_gain: float) -> None:
     for line in demo_verdicts(s, min_gain):
         print(f"  {line}")
     print("=" * 72)
+
+
+def prefix_cache_line(cache: dict) -> str:
+    """The replicas' prefix-cache hits, in prompt tokens (what affinity routing is for)."""
+    if not cache.get("cache_queries"):
+        return "no prompt tokens queried"
+    return (f"{cache['cache_hits']:.0f} of {cache['cache_queries']:.0f} prompt tokens cached "
+            f"({cache['cache_hit_rate']:.0%}; only whole 16-token blocks are cached)")
 
 
 DEMO_TARGETS = {"train_s": 60.0, "startup_s": 20.0}

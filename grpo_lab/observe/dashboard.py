@@ -1,6 +1,7 @@
 """Watch an asynchronous run: a live panel in a notebook, a text line elsewhere.
 
-    dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))
+    dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))  # router counters, or
+    dash = Dashboard(stats=lambda: {**proxy_stats(proxy), **replica_cache_stats(replicas)})
     trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
     dash.follow(run_dir, until=lambda: not run.running("trainer"))
 
@@ -48,10 +49,43 @@ def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> d
         return json.loads(response.read())
 
 
+PREFIX_CACHE_METRICS = {"vllm:prefix_cache_queries_total": "cache_queries",
+                        "vllm:prefix_cache_hits_total": "cache_hits"}
+"""vLLM's prefix-cache counters (in prompt tokens), as `grpo-lab serve` and `vllm serve` write
+them in `GET /metrics`."""
+
+
+def replica_cache_stats(urls: list[str], token: str | None = None,
+                        timeout_s: float = 2.0) -> dict:
+    """Prefix-cache counters summed over the replicas, read from each one's Prometheus
+    `/metrics`: queried and hit tokens, and the hit rate (hits / queries; None before any
+    query). The proxy routes by prefix so that this rate is high."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(PREFIX_CACHE_METRICS.values(), 0.0)
+    for url in urls:
+        request = urllib.request.Request(url.rstrip("/") + "/metrics")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in PREFIX_CACHE_METRICS:
+                    totals[PREFIX_CACHE_METRICS[sample.name]] += sample.value
+    queries = totals["cache_queries"]
+    return {**totals, "cache_hit_rate": totals["cache_hits"] / queries if queries else None}
+
+
 def _router_counters(stats: dict) -> dict:
-    """affinity / spilled / unmatched / routed, at the top level or under `router`."""
+    """affinity / spilled / unmatched / routed, at the top level or under `router`, and the
+    replicas' prefix-cache hit rate when the stats carry it (`replica_cache_stats`)."""
     source = stats.get("router", stats) if isinstance(stats.get("router"), dict) else stats
-    return {k: source[k] for k in ("affinity", "spilled", "unmatched", "routed") if k in source}
+    counters = {k: source[k] for k in ("affinity", "spilled", "unmatched", "routed")
+                if k in source}
+    if stats.get("cache_hit_rate") is not None:
+        counters["cache_hit_rate"] = round(stats["cache_hit_rate"], 3)
+    return counters
 
 
 def in_notebook() -> bool:
@@ -225,8 +259,11 @@ class Dashboard:
         kinds = [k for k in ("affinity", "spilled", "unmatched") if k in counters]
         ax_router.bar(kinds, [counters[k] for k in kinds], color=["C2", "C1", "C3"][: len(kinds)])
         routed = counters.get("routed")
+        hit_rate = counters.get("cache_hit_rate")
         ax_router.set_title("router" + (f" (routed {routed})" if routed is not None else
-                                        "" if counters else ": no stats"), fontsize=9)
+                                        "" if counters else ": no stats")
+                            + (f", cache hits {hit_rate:.0%}" if hit_rate is not None else ""),
+                            fontsize=9)
         for ax in (ax_reward, ax_ratio, ax_router):
             ax.grid(alpha=0.3)
         draw_pipeline(bottom, records)
