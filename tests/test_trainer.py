@@ -114,3 +114,12 @@ def test_every_logged_metric_is_in_the_glossary(tiny_model_dir):
     assert {"kl", "eval/accuracy", "perf/generate_s"} <= logged  # the optional ones were logged
     assert unknown_metrics(dict.fromkeys(logged)) == []
     assert unknown_metrics({"reward": 0.0, "made/up": 1.0}) == ["made/up"]
+
+
+def test_the_docs_metric_table_is_the_glossary():
+    from pathlib import Path
+
+    from grpo_lab.train.glossary import glossary_markdown
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+    assert docs.read_text() == glossary_markdown(), "regenerate docs/metrics.md (see glossary_markdown)"

@@ -64,8 +64,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
     """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): (B,) -> (B,).
 
     GRPO (Shao et al. 2024, DeepSeekMath, eq. 3) replaces PPO's value function with the group
-    mean. Dr. GRPO (Liu et al. 2025) drops the std scaling (`scale_by_std=False`), which biases
-    updates towards too-easy and too-hard groups. std is the unbiased (Bessel) one, as in TRL.
+    mean. Dividing by the group's std gives groups whose rewards barely differ (nearly all
+    right, or nearly all wrong) the largest advantages: a bias towards too-easy and too-hard
+    questions. Dr. GRPO (Liu et al. 2025) removes it by not dividing (`scale_by_std=False`).
+    std is the unbiased (Bessel) one, as in TRL.
     A group whose rewards are all equal gets advantage 0: it carries no learning signal.
     """
     if rewards.numel() % group_size:
@@ -120,8 +122,10 @@ def clipped_surrogate(
 def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     """KL(pi_theta || pi_ref) per token with the k3 estimator: exp(d) - d - 1, d = ref - logp.
 
-    Unbiased, always >= 0 and low-variance (Schulman, "Approximating KL divergence", 2020);
-    the estimator GRPO uses (DeepSeekMath eq. 4).
+    Unbiased when the tokens are sampled from pi_theta itself (on-policy: at ratio 1; off-policy
+    tokens need the ratio as an importance weight, TRL's `use_bias_correction_kl`), always >= 0
+    and low-variance (Schulman, "Approximating KL divergence", 2020); the estimator GRPO uses
+    (DeepSeekMath eq. 4).
     """
     delta = ref_logps - logps
     return torch.exp(delta) - delta - 1

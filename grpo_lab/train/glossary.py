@@ -66,3 +66,16 @@ def glossary_name(name: str) -> str:
 def unknown_metrics(record: dict) -> list[str]:
     """Names in a metrics record that the glossary does not explain."""
     return sorted(name for name in record if glossary_name(name) not in METRICS)
+
+
+def glossary_markdown() -> str:
+    """The table as `docs/metrics.md` (tests/test_trainer.py checks that the file is current:
+    `python -c "from grpo_lab.train.glossary import glossary_markdown as g; print(g(), end='')"
+    > docs/metrics.md`)."""
+    rows = "".join(f"| `{name}` | {meaning} |\n" for name, meaning in METRICS.items())
+    return ("# The metrics grpo_lab logs\n\n"
+            "Every name the trainers write to `metrics.jsonl`, with its meaning. One source: "
+            "`grpo_lab.train.glossary.METRICS`. Names follow TRL's `GRPOTrainer` and "
+            "`AsyncGRPOTrainer` where TRL logs the same thing; values are per step unless the "
+            "meaning says cumulative.\n\n| metric | meaning |\n|---|---|\n" + rows)
+
