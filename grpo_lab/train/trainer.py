@@ -276,8 +276,10 @@ class GRPOTrainer:
                     record["eval/accuracy"] = self.evaluate()
                 self.logger.log(record)
                 bar.update(1)
-                bar.set_postfix(reward=f"{record['reward']:.2f}",
-                                acc=f"{record.get('eval/accuracy', float('nan')):.2f}")
+                shown = {"reward": f"{record['reward']:.2f}"}
+                if "eval/accuracy" in record:  # evaluation steps only: no `acc=nan` between
+                    shown["acc"] = f"{record['eval/accuracy']:.2f}"
+                bar.set_postfix(shown)
                 if record["step"] % cfg.log_every == 0:
                     bar.write(format_step(record, last))
                 if callback is not None:
