@@ -9,7 +9,8 @@ Publishing, as TRL's AsyncGRPOTrainer does it:
     1. write    save_pretrained into a hidden temp dir inside the bucket  (.policy-v7.tmp-x1y2)
     2. open up  chmod 0755 dirs / 0644 files: PEFT writes the weights 0600, and the
                 servers may run as another user
-    3. publish  os.rename(temp, "policy-v7"): atomic, so a reader sees nothing or everything
+    3. publish  os.rename(temp, "policy-v7"): atomic on one filesystem, so a local reader sees
+                nothing or everything (a bucket mount in another job may lag: see below)
     4. retire   keep the `max_staleness + 2` newest versions; delete an older one only once
                 every server has unloaded it (`mark_unloaded`), one sync after its unload
 
