@@ -34,16 +34,19 @@ def test_config_fields_documented_and_cli_flags():
     assert set(docs) == set(ProxyConfig.__dataclass_fields__)
     args = build_parser().parse_args([
         "proxy", "--upstream", "http://a:1/", "--upstream", "http://b:2", "--port", "9000",
-        "--imbalance", "4", "--lora-retry-s", "0.5", "--upstream-token-env", "HF_TOKEN"])
+        "--imbalance", "4", "--lora-retry-s", "0.5", "--upstream-token-env", "HF_TOKEN",
+        "--routing", "round-robin"])
     cfg = config_from_args(args, ProxyConfig)
     assert cfg.upstreams == ["http://a:1", "http://b:2"]  # trailing slash dropped
     assert (cfg.port, cfg.imbalance, cfg.lora_retry_s, cfg.upstream_token_env) == (
         9000, 4, 0.5, "HF_TOKEN")
+    assert cfg.routing == "round-robin" and ProxyConfig(["http://a:1"]).routing == "affinity"
     assert cfg.block_size == 16 and cfg.conn_limit == 1024 and cfg.lora_load_timeout_s == 300
     for bad, words in [({"upstreams": []}, "at least one"),
                        ({"upstreams": ["a:1"]}, "not an http"),
                        ({"upstreams": ["http://a:1", "http://a:1/"]}, "distinct"),
-                       ({"upstreams": ["http://a:1"], "lora_retry_s": 0}, "lora_retry_s")]:
+                       ({"upstreams": ["http://a:1"], "lora_retry_s": 0}, "lora_retry_s"),
+                       ({"upstreams": ["http://a:1"], "routing": "random"}, "routing")]:
         with pytest.raises(ValueError, match=words):
             ProxyConfig(**bad)
 

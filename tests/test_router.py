@@ -189,6 +189,24 @@ def test_route_batch_routes_each_prompt():
         ("r1", "affinity"), ("r0", "affinity"), ("r1", "unmatched")]  # fmt: skip
 
 
+def test_round_robin_takes_turns_and_counts_what_affinity_would_have_done():
+    router = PrefixRouter(["r0", "r1"], RouterConfig(routing="round-robin"))
+    got = [router.route(P1, "v") for _ in range(4)]  # nothing finishes
+    assert [d.replica for d in got] == ["r0", "r1", "r0", "r1"]  # the cache is ignored
+    # 1: cold. 2: r0 holds P1, the turn is r1's -> spill. 3, 4: both hold it -> cached everywhere
+    assert [d.kind for d in got] == ["unmatched", "spill", "affinity", "affinity"]
+    router.finish("r0")
+    d = router.route(P2, "v")  # r0 is now less loaded, but the turn is r0's anyway
+    assert (d.replica, d.kind) == ("r0", "unmatched")
+    s = router.stats()
+    assert (s["affinity"], s["spilled"], s["unmatched"], s["cached_everywhere"]) == (2, 1, 2, 2)
+    assert s["routed"] == [3, 2]
+    router.mark_down("r1")
+    assert router.route(P2, "v").replica == "r0"  # a down replica loses its turn
+    with pytest.raises(ValueError, match="routing"):
+        RouterConfig(routing="random")
+
+
 def test_finish_without_inflight_and_bad_config_raise():
     router = PrefixRouter(2)
     with pytest.raises(ValueError):
@@ -203,11 +221,14 @@ def test_finish_without_inflight_and_bad_config_raise():
 @given(
     n_replicas=st.integers(1, 4),
     imbalance=st.integers(0, 3),
+    routing=st.sampled_from(["affinity", "round-robin"]),
     ops=st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=60),
     seed=st.integers(0, 1000),
 )
-def test_counters_add_up_and_down_replicas_are_never_picked(n_replicas, imbalance, ops, seed):
-    router = PrefixRouter(n_replicas, RouterConfig(imbalance=imbalance, max_tracked_blocks=20))
+def test_counters_add_up_and_down_replicas_are_never_picked(n_replicas, imbalance, routing, ops,
+                                                            seed):
+    router = PrefixRouter(n_replicas, RouterConfig(imbalance=imbalance, max_tracked_blocks=20,
+                                                   routing=routing))
     pool = [TEMPLATE + tokens(10_000 * (i + 1), i % 3) + [i] * (i % 5) for i in range(6)]
     rng = random.Random(seed)
     down = 0 if n_replicas > 1 else None  # replica 0 is down for the second half

@@ -107,7 +107,7 @@ class Proxy:
 
             self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
         self.router = PrefixRouter(config.upstreams, RouterConfig(
-            config.block_size, config.imbalance, config.max_tracked_blocks))
+            config.block_size, config.imbalance, config.max_tracked_blocks, config.routing))
         self.errors = dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
                                      "down", "no_replica"), 0)
         self.replicas = ReplicaSet(config, self.router, token)

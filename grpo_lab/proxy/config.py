@@ -27,6 +27,9 @@ class ProxyConfig:
     """In-flight requests the preferred replica may be ahead of the least-loaded one."""
     max_tracked_blocks: int = 500_000
     """Cap on the router's block table (least recently used blocks are forgotten)."""
+    routing: str = "affinity"
+    """affinity (KV-prefix affinity, then load) or round-robin (replicas in turn, prefixes
+    ignored: the baseline of benchmarks/routing_cache.py)."""
     tokenizer: str | None = None
     """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8 pseudo-tokens."""
     lora_retry_s: float = 2.0
@@ -70,6 +73,8 @@ class ProxyConfig:
         for name in ("conn_limit", "health_failures", "max_request_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.routing not in ("affinity", "round-robin"):
+            problems.append(f"routing must be affinity or round-robin (got {self.routing!r})")
         if not 0 <= self.port < 65536:
             problems.append(f"port must be in 0..65535 (got {self.port})")
         if problems:

@@ -20,6 +20,11 @@ Logged metrics (`PrefixRouter.stats()`):
   With G rollouts per prompt at least 1 in G requests is cold: the floor is 1/G.
 - `inflight`: requests routed to each replica and not yet finished.
 - `tracked_blocks`, `evicted`: size of the LRU block table and how many blocks it dropped.
+
+`RouterConfig.routing = "round-robin"` is the baseline to measure affinity against
+(benchmarks/routing_cache.py): each request goes to the next up replica in turn, whatever it
+caches. The table is kept as before, so the counters say what that costs: `affinity` when the
+turn fell on a replica with the longest specific match, `spilled` when it did not.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class RouterConfig:
     before a request spills to the least-loaded replica instead."""
     max_tracked_blocks: int = 500_000
     """Cap on the block table; the least recently used blocks are forgotten beyond it."""
+    routing: str = "affinity"
+    """"affinity" (prefix first, then load) or "round-robin" (next up replica, prefixes ignored)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -53,6 +60,8 @@ class RouterConfig:
             raise ValueError(f"imbalance must be >= 0, got {self.imbalance}")
         if self.max_tracked_blocks < 1:
             raise ValueError(f"max_tracked_blocks must be >= 1, got {self.max_tracked_blocks}")
+        if self.routing not in ("affinity", "round-robin"):
+            raise ValueError(f"routing must be 'affinity' or 'round-robin', got {self.routing!r}")
 
 
 @dataclass(frozen=True)
@@ -167,8 +176,13 @@ class PrefixRouter:
         best_match = max(specific.values())
 
         # Stage 3: affinity if the best replica is not too far ahead in load, else spill
+        # (round-robin routing: the next replica in turn, and the counters say how that went)
         everywhere = False
-        if best_match > 0:
+        round_robin = self.config.routing == "round-robin"  # the turn decides, not the cache
+        if best_match > 0 and round_robin:
+            pick = self._next_in_turn(up)
+            kind = "affinity" if specific[pick] == best_match else "spill"
+        elif best_match > 0:
             best = self._least_loaded([r for r in up if specific[r] == best_match])
             least_load = min(self._inflight[r] for r in up)
             if self._inflight[best] - least_load <= self.config.imbalance:
@@ -179,7 +193,7 @@ class PrefixRouter:
             # Nobody has a specific match: least loaded. If every up replica caches this prompt
             # past its template (it spilled earlier), the pick is a cache hit all the same: count
             # it as affinity, flagged, where the reference proxy counts it as unmatched.
-            pick = self._least_loaded(up)
+            pick = self._next_in_turn(up) if round_robin else self._least_loaded(up)
             everywhere = min(matched.values()) > branch
             kind = "affinity" if everywhere else "unmatched"
 
@@ -270,12 +284,12 @@ class PrefixRouter:
         """Fewest requests in flight among `candidates`; ties go round robin: to the first one
         after the last replica picked, so equally loaded replicas take turns."""
         least = min(self._inflight[r] for r in candidates)
+        return self._next_in_turn([r for r in candidates if self._inflight[r] == least])
+
+    def _next_in_turn(self, candidates: list[int]) -> int:
+        """The first of `candidates` after the last replica picked (round-robin routing)."""
         n = len(self.replicas)
-        for k in range(n):
-            r = (self._rr + k) % n
-            if r in candidates and self._inflight[r] == least:
-                return r
-        raise AssertionError("unreachable: some candidate has the least load")
+        return next(r for k in range(n) if (r := (self._rr + k) % n) in candidates)
 
     def _record(self, hashes: list[int], pick: int) -> None:
         """Mark `pick` as an owner of every block and link each block to its successor (LRU)."""
