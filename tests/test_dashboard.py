@@ -185,7 +185,12 @@ def test_replica_cache_stats_sums_the_replicas_prometheus_counters():
     try:
         urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
         stats = replica_cache_stats(urls)
-        assert stats == {"cache_queries": 160.0, "cache_hits": 80.0, "cache_hit_rate": 0.5}
+        assert stats == {"cache_queries": 160.0, "cache_hits": 80.0, "cache_hit_rate": 0.5,
+                         "unreachable": []}
+        dead = "http://127.0.0.1:9"  # nothing listens there: a replica that died
+        assert replica_cache_stats([dead, urls[0]], timeout_s=1) == {
+            "cache_queries": 100.0, "cache_hits": 80.0, "cache_hit_rate": 0.8,
+            "unreachable": [dead]}
         assert replica_cache_stats(urls[1:])["cache_hit_rate"] == 0.0
         line = Dashboard.line([{"step": 1, "reward": 0.5}],
                               _router_counters({"router": {"affinity": 3}, **stats}))

@@ -204,8 +204,9 @@ def prefix_cache_line(cache: dict) -> str:
     """The replicas' prefix-cache hits, in prompt tokens (what affinity routing is for)."""
     if not cache.get("cache_queries"):
         return "no prompt tokens queried"
+    gone = f"; {len(cache['unreachable'])} replica(s) gone" if cache.get("unreachable") else ""
     return (f"{cache['cache_hits']:.0f} of {cache['cache_queries']:.0f} prompt tokens cached "
-            f"({cache['cache_hit_rate']:.0%}; only whole 16-token blocks are cached)")
+            f"({cache['cache_hit_rate']:.0%}; only whole 16-token blocks are cached{gone})")
 
 
 DEMO_TARGETS = {"train_s": 60.0, "startup_s": 20.0}

@@ -59,22 +59,29 @@ def replica_cache_stats(urls: list[str], token: str | None = None,
                         timeout_s: float = 2.0) -> dict:
     """Prefix-cache counters summed over the replicas, read from each one's Prometheus
     `/metrics`: queried and hit tokens, and the hit rate (hits / queries; None before any
-    query). The proxy routes by prefix so that this rate is high."""
+    query). The proxy routes by prefix so that this rate is high. A replica that does not
+    answer (it died, or is not up yet) is listed under `unreachable` and counts nothing."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals = dict.fromkeys(PREFIX_CACHE_METRICS.values(), 0.0)
+    unreachable = []
     for url in urls:
         request = urllib.request.Request(url.rstrip("/") + "/metrics")
         if token:
             request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read().decode()
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                text = response.read().decode()
+        except OSError:  # refused, reset, timed out, or an HTTP error status
+            unreachable.append(url)
+            continue
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in PREFIX_CACHE_METRICS:
                     totals[PREFIX_CACHE_METRICS[sample.name]] += sample.value
     queries = totals["cache_queries"]
-    return {**totals, "cache_hit_rate": totals["cache_hits"] / queries if queries else None}
+    return {**totals, "cache_hit_rate": totals["cache_hits"] / queries if queries else None,
+            "unreachable": unreachable}
 
 
 def _router_counters(stats: dict) -> dict:
