@@ -28,9 +28,17 @@ def test_committed_notebooks_hold_no_outputs():
                 assert not cell.get("outputs") and cell.get("execution_count") is None, path.name
 
 
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[;]", _normalise(req), maxsplit=1)[0]
+
+
 def test_environment_files_list_the_same_dependencies():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    expected = {_normalise(d) for d in deps}
+    """The conda files hold what `make setup` installs: the core, the CPU pins, the notebooks."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    pins = {_name(d): _normalise(d) for d in extras["cpu"]}
+    core = [pins.get(_name(d), _normalise(d)) for d in project["dependencies"]]
+    expected = set(core) | {_normalise(d) for d in extras["notebooks"]}
     for env_file in (ROOT / "environment.yml", ROOT / "binder" / "environment.yml"):
         env = yaml.safe_load(env_file.read_text())
         pip_lists = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
@@ -65,3 +73,14 @@ def test_code_passes_ruff():
     out = subprocess.run([str(ruff), "check", "grpo_lab", "tests", "benchmarks"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_core_dependencies_leave_the_images_torch_alone():
+    """A job installs the core only: no exact torch pin (that is the `cpu` extra), and nothing
+    the notebooks alone need."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(d): _normalise(d) for d in project["dependencies"]}
+    assert "==" not in core["torch"]
+    notebook_only = {_name(d) for d in project["optional-dependencies"]["notebooks"]}
+    assert not notebook_only & set(core), notebook_only & set(core)
+    assert "torch" in {_name(d) for d in project["optional-dependencies"]["cpu"]}
