@@ -38,7 +38,7 @@ RUN_NAME = "train"
 
 
 MULTI_JOB_DEFAULTS = dict(max_staleness=1, eval_every=0, steps=145, learning_rate=2e-3,
-                          lr_scheduler_type="linear", lora_rank=4)
+                          lr_scheduler_type="linear", lora_rank=4, temperature=0.7)
 """Where `grpo-lab demo --jobs local` differs from the config's defaults (a flag given on the
 command line wins): sized for 2 CPU cores shared by four processes, and for its targets (+20
 points in at most 60 s of training). Measured on the tiny model (sync GRPO, same samples):
@@ -47,7 +47,11 @@ falls back by step 150; 2e-3 decaying linearly to 0 keeps it. benchmarks/demo.py
 +19.3 points median at 130 steps (48 s), +19.7 at 145 steps (58 s, kept); on the next build of
 the model, +17.4 at rank 1. Rank 4 (same alpha / r = 2, same time per step) learns faster on
 this model: sync GRPO, 145 steps, seeds 0-2: +23.8, +21.1, +18.9 points at rank 4 against
-+18.4 at rank 1 (seed 0); rank 8 +20.5. The notebooks keep rank 1, the recipe's choice."""
++18.4 at rank 1 (seed 0); rank 8 +20.5. The notebooks keep rank 1, the recipe's choice.
+Sampling at temperature 0.7 (the trainer's logprobs use the same temperature) brings the samples
+closer to the greedy answer that is scored: sync GRPO, rank 4, seeds 0-2: +21.5, +22.5, +21.7
+points (against +23.8, +21.1, +18.9 at 1.0); the demo itself: +22.5, +25.6, +21.5 against
++22.3, +17.8, +18.6 at 1.0 (benchmarks/demo.py has the timed figures)."""
 
 
 def multi_job_config(args) -> AsyncGRPOConfig:
