@@ -443,3 +443,49 @@ def test_serve_flags_are_checked(capsys):
     config = config_from_args(args, ServeConfig)
     assert (config.model, config.enable_lora, config.max_loras, config.host) == (
         "m", True, 6, "127.0.0.1")
+
+
+def test_max_cpu_loras_evicts_the_least_recently_used_and_reads_it_again(
+        monkeypatch, tiny_model_and_tokenizer, make_adapter, tmp_path):
+    """vLLM's two limits: with max_cpu_loras 2, a third load drops the weights of the adapter
+    used longest ago; a request under it reads them again from its path (same logprobs), and
+    fails with a clear error once that path is gone (a pruned bucket version)."""
+    paths = {name: make_adapter(tmp_path / name, seed=i) for i, name in enumerate("abc", 1)}
+    body = {"prompt": [1, 9, 7, 14], "max_tokens": 3, "seed": 5, "logprobs": 1}
+
+    async def logprobs(http, model):
+        reply = await http.post("/v1/completions", json={**body, "model": model})
+        assert reply.status == 200, await reply.text()
+        return (await reply.json())["choices"][0]["logprobs"]["token_logprobs"]
+
+    async def check(http, server):
+        info = (await (await http.get("/server_info?config_format=json")).json())["vllm_config"]
+        assert info["lora_config"]["max_cpu_loras"] == 2
+        for name in "ab":
+            reply = await http.post("/v1/load_lora_adapter",
+                                    json={"lora_name": name, "lora_path": str(paths[name])})
+            assert reply.status == 200
+        first = {name: await logprobs(http, name) for name in "ab"}  # "a" used before "b"
+        await logprobs(http, "a")  # now "b" is the least recently used
+        await http.post("/v1/load_lora_adapter", json={"lora_name": "c",
+                                                       "lora_path": str(paths["c"])})
+        assert server.lora.evictions == 1 and not server.lora.get("b").weights
+        names = [m["id"] for m in (await (await http.get("/v1/models")).json())["data"]]
+        assert names == ["tiny", "a", "b", "c"]  # evicted from memory, still loaded by name
+        assert await logprobs(http, "b") == first["b"]  # read again from its path
+        assert server.lora.reloads == 1 and server.lora.evictions == 2  # "a" or "c" went
+        evicted = next(n for n in "ac" if not server.lora.get(n).weights)
+        shutil.rmtree(paths[evicted])
+        reply = await http.post("/v1/completions", json={**body, "model": evicted})
+        error = (await reply.json())["error"]
+        assert reply.status == 500 and "evicted from memory" in error["message"]
+        assert "max_cpu_loras=2" in error["message"]
+
+    in_process(monkeypatch, tiny_model_and_tokenizer,
+               {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}, check,
+               model="tiny", enable_lora=True, max_lora_rank=8, max_loras=1, max_cpu_loras=2)
+
+
+def test_max_cpu_loras_below_max_loras_is_refused():
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        ServeConfig(model="tiny", enable_lora=True, max_loras=3, max_cpu_loras=2)

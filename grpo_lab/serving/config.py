@@ -38,6 +38,10 @@ class ServeConfig:
     """Largest adapter rank accepted; one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (as vLLM)."""
     max_loras: int = 1
     """Most distinct adapters decoded in one batch (requests under others wait their turn)."""
+    max_cpu_loras: int | None = None
+    """Most adapters whose weights stay in memory (default: max_loras, as vLLM). Beyond it the
+    least recently used one's weights are dropped and read again from its path when a request
+    names it (an error if that path is gone)."""
     max_model_len: int | None = None
     """Prompt + completion token limit (default: the model's max_position_embeddings)."""
     logprobs_mode: str = "raw_logprobs"
@@ -89,6 +93,9 @@ class ServeConfig:
                      "max_request_bytes", "block_size", "prefix_cache_max_blocks"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            problems.append(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                            f"({self.max_loras}), as in vLLM")
         if not 0 <= self.port < 65536:
             problems.append(f"port must be in 0..65535 (got {self.port})")
         if self.adapter_visibility_lag_s < 0:

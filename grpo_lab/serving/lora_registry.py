@@ -15,6 +15,13 @@ are read from `adapter_config.json` + `adapter_model.safetensors` (PEFT's layout
 never pickles) into `LoRAAdapter` objects, their A and B moved to the base model's device and
 dtype once at load time. A request holds on to its adapter object, so unloading a
 name never changes the weights of rollouts already in flight.
+
+Two limits, as in vLLM: `max_loras` adapters may be decoded in one batch (the engine's admission),
+and `max_cpu_loras` adapters keep their weights in memory (default: max_loras). Loading one more
+drops the weights of the least recently used one; its name stays loaded, and the next request
+under it reads the weights again from its path, which fails if the path is gone (a pruned bucket
+version). This is why a GRPO recipe sizes both at max_staleness + 2 or more: every version a
+sample may still be generated under stays in memory.
 """
 
 from __future__ import annotations
@@ -161,9 +168,18 @@ def read_adapter(
 class LoRARegistry:
     """The adapters loaded under their names, and the hooks that apply them per batch segment."""
 
-    def __init__(self, model, max_loras: int, max_lora_rank: int):
+    def __init__(self, model, max_loras: int, max_lora_rank: int,
+                 max_cpu_loras: int | None = None):
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
+        self.max_cpu_loras = max_cpu_loras if max_cpu_loras is not None else max_loras
+        if self.max_cpu_loras < max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({max_loras})")
+        self._last_used: dict[str, int] = {}  # name -> use counter; the smallest goes first
+        self._uses = 0
+        self.evictions = 0
+        self.reloads = 0
         self.dtype = next(model.parameters()).dtype
         self._adapters: dict[str, LoRAAdapter] = {}
         self._lock = threading.Lock()
@@ -197,17 +213,55 @@ class LoRARegistry:
             adapter.id = self._next_id
             self._next_id += 1
             self._adapters[adapter.name] = adapter
+            self._touch(adapter.name)
+            self._evict_beyond_limit(keep=adapter.name)
+
+    def _touch(self, name: str) -> None:
+        self._uses += 1
+        self._last_used[name] = self._uses
+
+    def _evict_beyond_limit(self, keep: str) -> None:
+        """Drop the weights of the least recently used adapters beyond max_cpu_loras. The name
+        stays (with an empty weights dict); requests already running hold the old object."""
+        resident = [n for n, a in self._adapters.items() if a.weights and n != keep]
+        while len(resident) + 1 > self.max_cpu_loras:
+            oldest = min(resident, key=lambda n: self._last_used.get(n, 0))
+            evicted = self._adapters[oldest]
+            self._adapters[oldest] = LoRAAdapter(name=evicted.name, path=evicted.path,
+                                                 rank=evicted.rank, weights={}, id=evicted.id,
+                                                 loaded_at=evicted.loaded_at)
+            resident.remove(oldest)
+            self.evictions += 1
+
+    def restore(self, adapter: LoRAAdapter) -> None:
+        """Weights read again for an evicted name (same id: the name's place in the batch order)."""
+        with self._lock:
+            current = self._adapters.get(adapter.name)
+            if current is None or current.weights:  # unloaded meanwhile, or already restored
+                return
+            adapter.id, adapter.loaded_at = current.id, current.loaded_at
+            self._adapters[adapter.name] = adapter
+            self.reloads += 1
+            self._touch(adapter.name)
+            self._evict_beyond_limit(keep=adapter.name)
 
     def remove(self, name: str) -> LoRAAdapter | None:
         with self._lock:
+            self._last_used.pop(name, None)
             return self._adapters.pop(name, None)
 
     def get(self, name: str) -> LoRAAdapter | None:
+        """The adapter under `name`, marked as just used; its `weights` are empty when they
+        were evicted (read them again with `read_adapter` and `restore`)."""
         with self._lock:
-            return self._adapters.get(name)
+            adapter = self._adapters.get(name)
+            if adapter is not None:
+                self._touch(name)
+            return adapter
 
     def __contains__(self, name: str) -> bool:
-        return self.get(name) is not None
+        with self._lock:
+            return name in self._adapters
 
     def adapters(self) -> list[LoRAAdapter]:
         """Loaded adapters in load order."""

@@ -89,7 +89,8 @@ class RolloutServer:
             raise ValueError(f"max_model_len {self.max_model_len} is greater than the derived "
                              f"max_model_len {derived} (max_position_embeddings)")
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
-        self.lora = (LoRARegistry(model, config.max_loras, config.max_lora_rank)
+        self.lora = (LoRARegistry(model, config.max_loras, config.max_lora_rank,
+                                  max_cpu_loras=config.max_cpu_loras)
                      if config.enable_lora else None)
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if eos is not None else tokenizer.eos_token_id
@@ -246,14 +247,30 @@ class RolloutServer:
             raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want "
                                "to load the adapter in place, set 'load_inplace' to True.", 400,
                                "InvalidUserInput")
-        adapter = await asyncio.get_running_loop().run_in_executor(None, lambda: read_adapter(
-            name, path, module_shapes=self.lora.module_shapes,
-            max_lora_rank=self.config.max_lora_rank, dtype=self.dtype, device=self.device,
-            allowed_root=self.config.allowed_lora_root,
-            visibility_lag_s=self.config.adapter_visibility_lag_s))
+        adapter = await self._read_adapter(name, path)
         self.lora.add(adapter, replace=inplace)
         self._forget_cached_blocks(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _read_adapter(self, name: str, path: str, visibility_lag_s: float | None = None):
+        lag = self.config.adapter_visibility_lag_s if visibility_lag_s is None else visibility_lag_s
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: read_adapter(
+            name, path, module_shapes=self.lora.module_shapes,
+            max_lora_rank=self.config.max_lora_rank, dtype=self.dtype, device=self.device,
+            allowed_root=self.config.allowed_lora_root, visibility_lag_s=lag))
+
+    async def _resident(self, adapter):
+        """An adapter whose weights max_cpu_loras evicted is read again from its path."""
+        if adapter.weights:
+            return adapter
+        try:
+            restored = await self._read_adapter(adapter.name, adapter.path, visibility_lag_s=0.0)
+        except RequestError as exc:
+            raise RequestError(f"The lora adapter '{adapter.name}' was evicted from memory "
+                               f"(max_cpu_loras={self.lora.max_cpu_loras}) and cannot be read "
+                               f"again from {adapter.path}: {exc.message}", 500) from exc
+        self.lora.restore(restored)
+        return self.lora.get(adapter.name) or restored
 
     async def unload_lora_adapter(self, request):
         body = await self._json_body(request)
@@ -282,6 +299,7 @@ class RolloutServer:
             if adapter is None:
                 raise RequestError(f"The model `{req.model}` does not exist.", 404,
                                    param="model")
+            adapter = await self._resident(adapter)
         prompt_ids = [p if isinstance(p, list) else
                       self.tokenizer(p, add_special_tokens=req.add_special_tokens)["input_ids"]
                       for p in req.prompts]

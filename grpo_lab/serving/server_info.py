@@ -54,7 +54,8 @@ def vllm_config(server) -> dict:
     lora = None
     if cfg.enable_lora:
         lora = {"max_lora_rank": cfg.max_lora_rank, "max_loras": cfg.max_loras,
-                "max_cpu_loras": None, "lora_dtype": "auto", "fully_sharded_loras": False}
+                "max_cpu_loras": server.lora.max_cpu_loras if server.lora else None,
+                "lora_dtype": "auto", "fully_sharded_loras": False}
     return {
         "model_config": {"model": server.model_path, "served_model_name": server.base_name,
                          "tokenizer": server.model_path, "dtype": str(server.dtype),
