@@ -29,7 +29,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpo_lab.cli.notebooks import list_notebooks, missed_goals, run_notebook  # noqa: E402
+from grpo_lab.cli.notebooks import (  # noqa: E402
+    list_notebooks,
+    missed_goals,
+    notebook_number,
+    run_notebook,
+)
 from grpo_lab.core.tiny_model import TinyModelRecipe, build_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "outcomes_across_builds.json"
@@ -85,7 +90,7 @@ def main() -> None:
     parser.add_argument("--no-demo", action="store_true")
     args = parser.parse_args()
     wanted = None if args.notebooks == "all" else set(args.notebooks.split(","))
-    notebooks = [p for p in list_notebooks() if wanted is None or p.stem[:2] in wanted]
+    notebooks = [p for p in list_notebooks() if wanted is None or notebook_number(p) in wanted]
     runs = {}
     with tempfile.TemporaryDirectory(prefix="grpo_lab_outcomes_") as scratch:
         for seed in (int(s) for s in args.seeds.split(",")):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,23 @@ NOTEBOOK_GOALS = {
         "advantages_match": lambda r: r["advantages_match"],
         "loss_match": lambda r: r["loss_match"],
         "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
+    },
+    "01b_grpo_maths": {
+        "gradient 0 exactly where the clip binds": lambda r: r["clip_gradient_matches"],
+        "k3 unbiased on-policy, biased off-policy (toy, |z| < 4 vs > 4)":
+            lambda r: abs(r["toy_on_policy_z"]) < 4 < abs(r["toy_off_policy_z"]),
+        "k3 >= 0 on every token (float32 rounding aside)": lambda r: r["k3_min"] > -1e-6,
+        "k3 mean = exact KL on the model (|z| < 4)": lambda r: abs(r["k3_vs_exact_z"]) < 4,
+        "beta > 0 keeps the policy closer": lambda r: r["kl_with_beta"] < r["kl_without_beta"],
+        "aggregation weights = hand derivation": lambda r: r["weights_match"],
+        "grpo: short right token weighs 3x, short wrong 2x":
+            lambda r: abs(r["grpo_weight_ratio_right"] - 3) < 1e-4
+            and abs(r["grpo_weight_ratio_wrong"] - 2) < 1e-4,
+        "dapo, dr_grpo: every token alike":
+            lambda r: abs(r["dapo_weight_ratio"] - 1) < 1e-5
+            and abs(r["dr_grpo_weight_ratio"] - 1) < 1e-5,
+        "loss at ratio 1: 0 for grpo, > 0 for dapo":
+            lambda r: abs(r["loss_at_ratio_1"]["grpo"]) < 1e-5 < r["loss_at_ratio_1"]["dapo"],
     },
     "02_grpo_with_lora": {
         "LoRA gain >= 10 points":
@@ -133,15 +151,21 @@ def record_results(results_path: str | os.PathLike | None, **values) -> dict:
     return current
 
 
+def notebook_number(path: Path) -> str:
+    """`01` of `01_grpo_from_scratch`, `01b` of `01b_grpo_maths` (a letter: a side chapter)."""
+    return path.stem.split("_", 1)[0]
+
+
 def list_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The numbered notebooks, in course order."""
-    return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
+    """The numbered notebooks (`01_...`, `01b_...`), in course order: 01b after 01, before 02."""
+    return sorted(p for p in notebook_dir.glob("[0-9][0-9]*_*.ipynb")
+                  if re.fullmatch(r"\d\d[a-z]?", notebook_number(p)))
 
 
 def find_notebook(name: str, notebook_dir: Path = NOTEBOOK_DIR) -> Path:
-    """A notebook by number (`"01"`), stem or file name."""
+    """A notebook by number (`"01"`, `"01b"`), stem or file name."""
     for path in list_notebooks(notebook_dir):
-        if name in (path.name, path.stem, path.stem[:2]):
+        if name in (path.name, path.stem, notebook_number(path)):
             return path
     known = ", ".join(p.stem for p in list_notebooks(notebook_dir)) or "none"
     raise FileNotFoundError(f"no notebook {name!r} in {notebook_dir} (known: {known})")
