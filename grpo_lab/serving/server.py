@@ -17,11 +17,9 @@ Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0
     POST /v1/completions             vLLM's non-streaming completion response
 
 A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAPI answers.
-Generation runs in grpo_lab.serving.engine (continuous batching); adapters in
-grpo_lab.serving.lora_registry; cached prompt prefixes in grpo_lab.serving.prefix_cache
-(--enable-prefix-caching, on by default as in vLLM); /server_info and /metrics are built in
-grpo_lab.serving.server_info; the flags are `ServeConfig` (grpo_lab.serving.config);
-`start_server_process` (grpo_lab.serving.process) starts a server as a process.
+Parts (grpo_lab.serving.*): engine (continuous batching), lora_registry (adapters),
+prefix_cache (on by default, as in vLLM), server_info (/server_info, /metrics), config
+(`ServeConfig`, the flags), process (`start_server_process`).
 The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
 bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
 With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM guards only
@@ -252,8 +250,8 @@ class RolloutServer:
         self._forget_cached_blocks(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
-    async def _read_adapter(self, name: str, path: str, visibility_lag_s: float | None = None):
-        lag = self.config.adapter_visibility_lag_s if visibility_lag_s is None else visibility_lag_s
+    async def _read_adapter(self, name: str, path: str, lag_s: float | None = None):
+        lag = self.config.adapter_visibility_lag_s if lag_s is None else lag_s
         return await asyncio.get_running_loop().run_in_executor(None, lambda: read_adapter(
             name, path, module_shapes=self.lora.module_shapes,
             max_lora_rank=self.config.max_lora_rank, dtype=self.dtype, device=self.device,
@@ -264,13 +262,12 @@ class RolloutServer:
         if adapter.weights:
             return adapter
         try:
-            restored = await self._read_adapter(adapter.name, adapter.path, visibility_lag_s=0.0)
+            self.lora.restore(await self._read_adapter(adapter.name, adapter.path, 0.0))
         except RequestError as exc:
             raise RequestError(f"The lora adapter '{adapter.name}' was evicted from memory "
                                f"(max_cpu_loras={self.lora.max_cpu_loras}) and cannot be read "
                                f"again from {adapter.path}: {exc.message}", 500) from exc
-        self.lora.restore(restored)
-        return self.lora.get(adapter.name) or restored
+        return self.lora.get(adapter.name) or adapter
 
     async def unload_lora_adapter(self, request):
         body = await self._json_body(request)
