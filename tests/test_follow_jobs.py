@@ -37,9 +37,10 @@ class FakeHub:
         self.ids = count(1)
 
     def _info(self, job_id: str) -> JobInfo:
-        job = self.jobs[job_id]
+        job, stage = self.jobs[job_id], self.jobs[job_id]["stages"][0]
         return JobInfo(id=job_id, owner={"id": "u1", "name": "me", "type": "user"},
-                       labels=job["labels"], status={"stage": job["stages"][0]})
+                       labels=job["labels"], status={"stage": stage, "message": (
+                           "exit code 1" if stage == "ERROR" else None)})
 
     def short_name(self, job_id: str) -> str:
         return self.jobs[job_id]["name"]
@@ -128,10 +129,12 @@ def test_follow_streams_the_trainer_logs_and_cancels_the_replicas_when_it_comple
     assert record["namespace"] == "me" and list(record["jobs"].values()) == hub.ids_of("r1")
 
 
-def test_a_trainer_error_cancels_every_job_still_billing():
+def test_a_trainer_error_cancels_every_job_still_billing(capsys):
     hub = FakeHub({"trainer": ["RUNNING", "ERROR"], "replica-1": ["SCHEDULING"]})
     assert follow_run(hub, "r1", submitted(hub), **FAST) == 1
     assert hub.cancelled == hub.ids_of("r1", "replica-0", "replica-1")
+    assert "trainer ended: ERROR (exit code 1); cancelling replica-0, replica-1" in \
+        capsys.readouterr().out
 
 
 def test_ctrl_c_while_the_logs_stream_cancels_every_job(capsys):

@@ -164,7 +164,7 @@ def _stream_logs(api, job_id: str, namespace: str | None, lines: queue.Queue) ->
 def _print_logs(lines: queue.Queue, name: str, wait_s: float) -> bool:
     """Print the log lines that arrive within wait_s; False once the stream has ended."""
     deadline = time.monotonic() + wait_s
-    while True:
+    while time.monotonic() <= deadline:  # a flood of lines must not hold off the stage checks
         try:
             item = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
@@ -177,6 +177,7 @@ def _print_logs(lines: queue.Queue, name: str, wait_s: float) -> bool:
         if isinstance(item, BaseException):  # KeyboardInterrupt, SystemExit
             raise item
         print(f"{name} | {item.rstrip()}", flush=True)
+    return True
 
 
 def follow_run(api, run: str, jobs: dict[str, Any], *, namespace: str | None = None,
@@ -202,8 +203,8 @@ def follow_run(api, run: str, jobs: dict[str, Any], *, namespace: str | None = N
                 time.sleep(poll_interval_s)
             # Look at every job's stage; print the changes
             try:
-                now = {name: stage_of(api.inspect_job(job_id=job_id, namespace=namespace))
-                       for name, job_id in ids.items()}
+                infos = {name: api.inspect_job(job_id=job_id, namespace=namespace)
+                         for name, job_id in ids.items()}
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -213,6 +214,7 @@ def follow_run(api, run: str, jobs: dict[str, Any], *, namespace: str | None = N
                     why = "the stages could not be read"
                     break
                 continue
+            now = {name: stage_of(info) for name, info in infos.items()}
             if now != stages:
                 print("stages: " + ", ".join(f"{n} {s}" for n, s in now.items()), flush=True)
             stages = now
@@ -222,7 +224,8 @@ def follow_run(api, run: str, jobs: dict[str, Any], *, namespace: str | None = N
                 while logs_open and time.monotonic() < deadline:
                     logs_open = _print_logs(lines, trainer, deadline - time.monotonic())
                 code = 0 if stages[trainer] == "COMPLETED" else 1
-                why = f"{trainer} ended: {stages[trainer]}"
+                message = infos[trainer].status.message
+                why = f"{trainer} ended: {stages[trainer]}" + (f" ({message})" if message else "")
                 break
             ended = [n for n in ids if n != trainer and stages[n] in ENDED_STAGES]
             if ended:
@@ -230,9 +233,15 @@ def follow_run(api, run: str, jobs: dict[str, Any], *, namespace: str | None = N
                 break
     except KeyboardInterrupt:
         code, why = 130, "interrupted"
+    except Exception as exc:  # whatever broke the follower, the jobs must not keep billing
+        code, why = 1, f"following failed ({type(exc).__name__}: {exc})"
     billing = {n: ids[n] for n in ids if stages[n] not in ENDED_STAGES}
     print(f"{why}; cancelling {', '.join(billing) or 'nothing (every job has ended)'}", flush=True)
-    failed = cancel_jobs(api, billing, namespace)
+    try:
+        failed = cancel_jobs(api, billing, namespace)
+    except KeyboardInterrupt:  # a second Ctrl-C
+        failed = {"some jobs": "interrupted while cancelling"}
+        code = 130
     if failed:
         print(f"still billing, maybe: {', '.join(failed)}; retry with "
               f"`{cancel_command(run, namespace)}`", file=sys.stderr)
@@ -253,11 +262,13 @@ def launch_hf_jobs(plan: RunPlan, *, namespace: str | None = None, detach: bool 
                               cancel_job=api.cancel_job)
     jobs = launcher.submit()
     namespace = namespace or next(iter(jobs.values())).owner.name
-    record = write_run_record(plan.name, jobs, namespace)
     for name, info in jobs.items():
-        print(f"{name}: {getattr(info, 'url', info.id)}")
+        print(f"{name}: {getattr(info, 'url', info.id)} ({stage_of(info)})")
     print(f"replicas at: {', '.join(launcher.urls.values())}")
-    print(f"job ids in {record}")
+    try:
+        print(f"job ids in {write_run_record(plan.name, jobs, namespace)}")
+    except OSError as exc:  # `--cancel` still finds the jobs by their label
+        print(f"could not write the run record: {exc}", file=sys.stderr)
     if detach:
         timeout = max((j.timeout for j in plan.jobs if j.timeout), default="their timeout")
         print(f"detached: the jobs bill until they end or time out ({timeout}); stop them all "
