@@ -346,6 +346,7 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
             "flavor": "h200",
             "timeout": "4h",
             "name": f"blog-replica-{i}",
+            "labels": {"grpo-lab-run": "blog"},
             "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=True)],
             "expose": [8000],
         }
@@ -354,6 +355,7 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
     assert trainer == {
         "image": "vllm/vllm-openai:v0.27.1", "env": {"PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"},
         "secrets": {"HF_TOKEN": TOKEN}, "flavor": "h200", "timeout": "4h", "name": "blog-trainer",
+        "labels": {"grpo-lab-run": "blog"},
         "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=False)],
         "expose": None,
     }
@@ -515,6 +517,8 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
         pairs = dict(zip(options[3:], options[4:]))
         assert pairs["--name"] == call["name"] and pairs["--flavor"] == call["flavor"]
         assert pairs["--timeout"] == call["timeout"]
+        assert [options[i + 1] for i, o in enumerate(options) if o == "--label"] == \
+            [f"{k}={v}" for k, v in call["labels"].items()]
         assert [options[i + 1] for i, o in enumerate(options) if o == "-v"] == \
             [v.to_uri().removesuffix(":rw") for v in call["volumes"]]
         assert [options[i + 1] for i, o in enumerate(options) if o == "-e"] == \

@@ -3,9 +3,11 @@ printed (--dry-run), run here or submitted to Hugging Face Jobs.
 
     grpo-lab launch --dry-run                        the local plan and its shell lines
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
+    grpo-lab launch --cancel RUN                     cancel every HF job of a run
 
 The local backend runs the jobs with `LocalLauncher` (grpo_lab.jobs.local) until the trainer exits;
-hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs) and returns.
+hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs), then follows the run and
+cancels every job when the trainer ends (grpo_lab.jobs.follow), or returns (--detach).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ..jobs.hf_jobs import HfJobsLauncher, hf_jobs_commands
+from ..jobs.follow import cancel_run, launch_hf_jobs
+from ..jobs.hf_jobs import hf_jobs_commands
 from ..jobs.local import LaunchError, LocalLauncher, local_commands
 from ..jobs.plan import RecipeConfig, recipe_plan
 from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
@@ -36,6 +39,11 @@ def add_launch_parser(sub) -> None:
     launch.add_argument("--run-dir", default=None,
                         help="local backend: folder for logs and plan.json (default: runs/<run-name>)")
     launch.add_argument("--namespace", default=None, help="hf-jobs: user or org running the jobs")
+    launch.add_argument("--detach", default=False, **BOOL_FLAG,
+                        help="hf-jobs: submit and return instead of following the run (the "
+                             "jobs bill until they end or time out; `--cancel RUN` stops them)")
+    launch.add_argument("--cancel", default=None, metavar="RUN",
+                        help="hf-jobs: cancel every job of run RUN that still bills, then exit")
     launch.add_argument("trainer_args", nargs="*",
                         help="after `--`: the trainer's grpo-lab arguments, with {model}, "
                              "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness} filled in")
@@ -51,6 +59,8 @@ def launch_main(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    if args.cancel:
+        return cancel_run(args.cancel, namespace=args.namespace)
     config = config_from_args(args, RecipeConfig)
     extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
     plan = recipe_plan(config, **extra)
@@ -63,11 +73,7 @@ def _launch(args: argparse.Namespace) -> int:
             print(hf_jobs_commands(plan, args.namespace))
         return 0
     if plan.backend == "hf-jobs":
-        launcher = HfJobsLauncher(plan, namespace=args.namespace)
-        for name, info in launcher.submit().items():
-            print(f"{name}: {getattr(info, 'url', info.id)}")
-        print(f"replicas at: {', '.join(launcher.urls.values())}")
-        return 0
+        return launch_hf_jobs(plan, namespace=args.namespace, detach=args.detach)
     # Local: stop the jobs on SIGTERM too (`kill <pid>` of this command), not only on Ctrl-C
     def interrupt(signum, frame):
         raise KeyboardInterrupt

@@ -36,6 +36,10 @@ from .specs import (
     package_wheel_name,
 )
 
+RUN_LABEL = "grpo-lab-run"
+"""Every job of a plan gets the label `grpo-lab-run=<run name>`: `list_jobs(labels=...)` finds a
+run's jobs from any machine (grpo_lab.jobs.follow)."""
+
 
 def package_source() -> Path:
     """The folder holding this grpo_lab's pyproject.toml (a source or editable install)."""
@@ -168,6 +172,7 @@ class HfJobsLauncher:
             "flavor": job.flavor,
             "timeout": job.timeout,
             "name": f"{self.plan.name}-{job.name}",
+            "labels": {RUN_LABEL: self.plan.name},
             "volumes": [hf_volume(v) for v in job.volumes],
             "expose": list(job.ports) or None,
         }
@@ -258,6 +263,7 @@ def hf_jobs_commands(plan: RunPlan, namespace: str | None = None) -> str:
         args += ["--name", f"{plan.name}-{job.name}", "--flavor", job.flavor]
         args += ["--timeout", job.timeout] if job.timeout else []
         args += ["--namespace", namespace] if namespace else []
+        args += ["--label", f"{RUN_LABEL}={plan.name}"]
         for name in job.secrets:
             args += ["--secrets", name]
         for port in job.ports:
