@@ -6,15 +6,17 @@
 What runs, each in its own process with one torch thread: two `grpo-lab serve` replicas of the
 offline chat model (prefix caching on, as by default) and `grpo-lab proxy` in front of them,
 started with `--routing affinity` and with `--routing round-robin` in turn (3 rounds of each,
-alternating which goes first). Between runs the proxy is restarted and both replicas' prefix
-caches are flushed (`POST /reset_prefix_cache`), so each run starts cold with the same requests.
-Token counts are summed over the rounds; completions per second is the median round.
+alternating which goes first). Each run is `grpo_lab.observe.routing_runs.routing_run` (notebook
+06 runs it on the tiny model): a fresh proxy, both replicas' prefix caches flushed through it
+(`POST /reset_prefix_cache`), so each run starts cold with the same requests. Token counts are
+summed over the rounds; completions per second is the median round.
 
 The workload is the blog's request shape: each prompt is sent as G = 8 requests of n = 1 (as
 TRL's rollout worker does), prompt after prompt, with a bounded number in flight. Prompts are
 chat-templated word problems (the system prompt is a shared prefix), sent as token ids.
 
-What is measured per routing, from the replicas' own counters (`/server_info`, summed):
+What is measured per routing, from the replicas' own counters (their Prometheus `/metrics`,
+vLLM's `vllm:prefix_cache_queries_total` and `_hits_total`, summed):
 - prefill tokens computed = prompt tokens - prompt tokens read from the prefix cache;
 - prefix-cache hit rate = hit tokens / queried tokens;
 - completions per second, end to end through the proxy;
@@ -31,19 +33,15 @@ Results go to benchmarks/results/routing_cache.json and are printed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-import aiohttp
+from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
 
 GOALS = {"prefill_ratio_max": 0.5}
-ROUTINGS = ("affinity", "round-robin")
 
 
 def make_prompts(n_prompts: int) -> tuple[str, list[list[int]]]:
@@ -60,99 +58,14 @@ def make_prompts(n_prompts: int) -> tuple[str, list[list[int]]]:
     return str(path), encode_prompts(tokenizer, questions, system_prompt=SYSTEM_PROMPT)
 
 
-def http_json(url: str, body: dict | None = None) -> dict | None:
-    """GET (or POST `body`) and parse the JSON answer, if any."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        text = reply.read()
-    return json.loads(text) if text.strip() else None
-
-
-def counters(replica_urls: list[str]) -> dict:
-    """The replicas' prefill and prefix-cache counters, summed (they only grow)."""
-    total = dict.fromkeys(("prompt_tokens", "cached_prompt_tokens", "queries", "hits"), 0)
-    for url in replica_urls:
-        info = http_json(url + "/server_info?config_format=json")["vllm_config"]["grpo_lab"]
-        for key in ("prompt_tokens", "cached_prompt_tokens"):
-            total[key] += info["engine"][key]
-        for key in ("queries", "hits"):
-            total[key] += info["prefix_cache"][key]
-    return total
-
-
-async def send_all(url: str, model: str, prompts: list[list[int]], group_size: int,
-                   max_tokens: int, max_inflight: int) -> tuple[float, int]:
-    """G requests of n=1 per prompt, in order, at most `max_inflight` at once.
-    -> (seconds from the first request to the last answer, failed requests)."""
-    slots = asyncio.Semaphore(max_inflight)
-    failed = 0
-
-    async def one(session, prompt, seed):
-        nonlocal failed
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0,
-                "seed": seed, "logprobs": 0, "return_token_ids": True}
-        try:
-            async with session.post(url + "/v1/completions", json=body) as reply:
-                failed += reply.status != 200
-                await reply.read()
-        finally:
-            slots.release()
-
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        tasks = []
-        start = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            for g in range(group_size):
-                await slots.acquire()  # TRL's cap: a new request only when one has ended
-                tasks.append(asyncio.create_task(one(session, prompt, i * group_size + g)))
-        await asyncio.gather(*tasks)
-        return time.perf_counter() - start, failed
-
-
-def run_routing(routing: str, replica_urls: list[str], model: str, prompts: list[list[int]],
-                args, log_dir: Path) -> dict:
-    """Flush the replicas' caches, start the proxy with `routing`, send every request, stop it."""
-    from grpo_lab.proxy.process import start_proxy_process
-
-    for url in replica_urls:
-        http_json(url + "/reset_prefix_cache", {})
-    before = counters(replica_urls)
-    with start_proxy_process(replica_urls, routing=routing, stats_every_s=0,
-                             log_path=log_dir / f"proxy-{routing}.log",
-                             env={"OMP_NUM_THREADS": "1"}) as proxy:
-        seconds, failed = asyncio.run(send_all(proxy.url, model, prompts, args.group_size,
-                                               args.max_tokens, args.max_inflight))
-        stats = http_json(proxy.url + "/proxy/stats")
-    after = counters(replica_urls)
-    delta = {k: after[k] - before[k] for k in after}
-    completions = len(prompts) * args.group_size
-    return {
-        "seconds": round(seconds, 2),
-        "completions": completions,
-        "failed": failed,
-        "completions_per_s": round(completions / seconds, 2),
-        "prompt_tokens": delta["prompt_tokens"],
-        "cached_prompt_tokens": delta["cached_prompt_tokens"],
-        "prefill_tokens_computed": delta["prompt_tokens"] - delta["cached_prompt_tokens"],
-        "prefix_cache_queries": delta["queries"],
-        "prefix_cache_hits": delta["hits"],
-        "prefix_cache_hit_rate": round(delta["hits"] / delta["queries"], 4)
-        if delta["queries"] else 0.0,
-        "router": {k: stats[k] for k in ("routed", "affinity", "spilled", "unmatched",
-                                         "cached_everywhere")},
-    }
-
-
 def summarize(results: list[dict]) -> dict:
     """Token counts summed over the rounds, completions per second their median."""
     total = {k: sum(r[k] for r in results)
              for k in ("completions", "failed", "prompt_tokens", "cached_prompt_tokens",
-                       "prefill_tokens_computed", "prefix_cache_queries", "prefix_cache_hits")}
-    queries = total["prefix_cache_queries"]
+                       "prefill_tokens_computed")}
+    queries = total["prompt_tokens"]  # every prompt token is looked up in the prefix cache
     return {**total,
-            "prefix_cache_hit_rate": round(total["prefix_cache_hits"] / queries, 4)
+            "prefix_cache_hit_rate": round(total["cached_prompt_tokens"] / queries, 4)
             if queries else 0.0,
             "completions_per_s": statistics.median(r["completions_per_s"] for r in results),
             "completions_per_s_rounds": [r["completions_per_s"] for r in results],
@@ -172,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
+    from grpo_lab.serving.client import BlockingClient
     from grpo_lab.serving.process import start_server_process
 
     model_path, prompts = make_prompts(args.prompts)
@@ -182,13 +96,18 @@ def main(argv: list[str] | None = None) -> int:
             replicas.append(start_server_process(model_path, num_threads=1, dev_mode=True,
                                                  log_path=log_dir / f"replica{k}.log"))
         urls = [r.url for r in replicas]
-        model = http_json(urls[0] + "/v1/models")["data"][0]["id"]
+        with BlockingClient(urls[0]) as client:
+            model = client.models()[0]["id"]
         for url in urls:  # first forward passes are slow: keep them out of the timing
-            asyncio.run(send_all(url, model, prompts[:1], 2, args.max_tokens, 2))
+            send_groups(url, model, prompts[:1], group_size=2, max_tokens=args.max_tokens,
+                        max_inflight=2)
         rounds = {routing: [] for routing in ROUTINGS}
         for r in range(args.rounds):  # alternate which routing goes first
             for routing in ROUTINGS if r % 2 == 0 else ROUTINGS[::-1]:
-                rounds[routing].append(run_routing(routing, urls, model, prompts, args, log_dir))
+                rounds[routing].append(routing_run(
+                    urls, model, prompts, routing=routing, group_size=args.group_size,
+                    max_tokens=args.max_tokens, max_inflight=args.max_inflight,
+                    log_path=log_dir / f"proxy-{routing}.log"))
                 print(f"round {r + 1} {routing}: " + json.dumps(rounds[routing][-1]))
     finally:
         for replica in replicas:

@@ -90,7 +90,7 @@ NOTEBOOK_GOALS = {
     "06_proxy_and_kv_routing": {
         "shared_blocks == 1": lambda r: r["shared_blocks"] == 1,
         "walkthrough": lambda r: r["walkthrough"] == ["unmatched", "affinity", "unmatched",
-                                                      "affinity"],
+                                                      "affinity", "spill"],
         "replay_unmatched_pct <= 15.5": lambda r: r["replay_unmatched_pct"] <= 15.5,
         "group_affinity == 1": lambda r: r["group_affinity"] == 1.0,
         "batch_in_order": lambda r: r["batch_in_order"],
@@ -99,6 +99,15 @@ NOTEBOOK_GOALS = {
         "failed_load_status == 500": lambda r: r["failed_load_status"] == 500,
         "rollbacks == 1": lambda r: r["rollbacks"] == 1,
         "on_part_of_fleet == 0": lambda r: r["on_part_of_fleet"] == 0,
+        "affinity hit rate >= round-robin's + 0.05":
+            lambda r: r["routing_hit_rate"]["affinity"]
+            >= r["routing_hit_rate"]["round-robin"] + 0.05,
+        "affinity computes <= 0.75x round-robin's prefill tokens":
+            lambda r: r["routing_prefill_tokens"]["affinity"]
+            <= 0.75 * r["routing_prefill_tokens"]["round-robin"],
+        "base-model replica caught by the ratio, and only it":
+            lambda r: r["base_replica_deviation"] > 0.01 and r["right_replica_deviation"] < 1e-3
+            and r["suspects"] == ["B"],
     },
     "07_multi_job_async_lora": {
         "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
