@@ -14,7 +14,6 @@ import types
 import typing
 
 from ..core.argv import parse_bool
-from ..core.config import GRPOConfig
 
 BOOL_FLAG = {"type": parse_bool, "nargs": "?", "const": True}
 """A bool flag (grpo_lab.core.argv's convention): alone it means true, or takes a value."""
@@ -43,13 +42,14 @@ def _scalar_type(annotation):
     return annotation
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: dict | None = None,
+def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict | None = None,
                      exclude: tuple[str, ...] = ()):
     """One `--field-name` flag per dataclass field, with the field's docstring as help.
 
     A bool flag alone means true (`--enable-lora`); it also takes a value (`--use-lora false`):
-    grpo_lab.core.argv's `flag_args` writes them that way.
+    grpo_lab.core.argv's `flag_args` writes them that way. `cls` defaults to GRPOConfig.
     """
+    cls = cls or _grpo_config()
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if f.name in exclude:
@@ -63,6 +63,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=GRPOConfig, defaults: 
         )
 
 
-def config_from_args(args: argparse.Namespace, cls=GRPOConfig):
+def _grpo_config():
+    from ..core.config import GRPOConfig  # imports torch: only when a command needs it
+
+    return GRPOConfig
+
+
+def config_from_args(args: argparse.Namespace, cls=None):
+    cls = cls or _grpo_config()
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                   if hasattr(args, f.name)})

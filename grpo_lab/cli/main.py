@@ -24,10 +24,8 @@ import sys
 from .flags import BOOL_FLAG, add_config_flags, config_from_args
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo-lab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_demo(sub) -> None:
+    from ..rollout.config import AsyncGRPOConfig
 
     demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
     demo.add_argument("--min-gain", type=float, default=None,
@@ -37,13 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
                       "folder) as local processes; none: synchronous GRPO in this process")
     demo.add_argument("--replicas", type=int, default=2, help="inference replicas (--jobs local)")
-    from ..rollout.config import AsyncGRPOConfig
-
     add_config_flags(demo, AsyncGRPOConfig, defaults={"log_every": 20, "output_dir": None})
 
+
+def _add_train(sub) -> None:
     train = sub.add_parser("train", help="a GRPO run; every GRPOConfig field is a flag")
     add_config_flags(train)
 
+
+def _add_build_model(sub) -> None:
     build = sub.add_parser("build-model", help="build (or find) the cached tiny model")
     build.add_argument("--kind", choices=("tiny", "chat"), default="tiny",
                        help="tiny: the default Llama on --task; chat: the Qwen2 with a BPE "
@@ -54,10 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--threads", type=int, default=os.cpu_count(),
                        help="torch threads for the build (default: every core; run it alone)")
 
+
+def _add_notebook(sub) -> None:
     nb = sub.add_parser("notebook", help="execute a course notebook with papermill")
     nb.add_argument("name", help="number or name, e.g. 01")
     nb.add_argument("--output-dir", default=None, help="where the executed copy goes")
 
+
+def _add_serve(sub) -> None:
     from ..serving.config import ServeConfig
 
     serve = sub.add_parser("serve", help="an inference server speaking vLLM's HTTP contract "
@@ -68,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off (as in vLLM)")
 
+
+def _add_proxy(sub) -> None:
     from ..proxy.config import ProxyConfig
 
     proxy = sub.add_parser("proxy", help="several inference servers behind one URL: KV-prefix "
@@ -76,16 +82,43 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="URL", help="base URL of one replica; repeat once per replica")
     add_config_flags(proxy, ProxyConfig, exclude=("upstreams",))
 
+
+def _add_launch(sub) -> None:
     from .launch import add_launch_parser
-    from .train_async import add_train_async_parser
 
     add_launch_parser(sub)
+
+
+def _add_train_async(sub) -> None:
+    from .train_async import add_train_async_parser
+
     add_train_async_parser(sub)
+
+
+SUBCOMMANDS = {"demo": _add_demo, "train": _add_train, "build-model": _add_build_model,
+               "notebook": _add_notebook, "serve": _add_serve, "proxy": _add_proxy,
+               "launch": _add_launch, "train-async": _add_train_async}
+"""Each command's parser. Its flags come from config dataclasses whose modules import torch,
+transformers or the trainer, seconds on a small machine: a process started for one command
+(a proxy imports neither) builds only that command's flags."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; with `command`, only that subcommand gets its flags (the others are listed)."""
+    parser = argparse.ArgumentParser(prog="grpo-lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, add in SUBCOMMANDS.items():
+        if command in (None, name) or command not in SUBCOMMANDS:
+            add(sub)
+        else:
+            sub.add_parser(name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         if args.command == "demo":
             if args.jobs == "local":
