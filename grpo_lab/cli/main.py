@@ -4,6 +4,8 @@
     grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
     grpo-lab train-async --server-url URL --output-dir DIR [--resume]
                                      the trainer job: async LoRA GRPO against servers, a bucket
+    grpo-lab train-trl-async --server-url URL --output-dir DIR
+                                     the same job with TRL's AsyncGRPOTrainer
     grpo-lab build-model [--kind chat]
                                      build (or find) the cached tiny (or chat) model, print its folder
     grpo-lab notebook 01             execute a course notebook with papermill
@@ -78,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .launch import add_launch_parser
     from .train_async import add_train_async_parser
+    from .train_trl_async import add_train_trl_async_parser
 
     add_launch_parser(sub)
     add_train_async_parser(sub)
+    add_train_trl_async_parser(sub)
     return parser
 
 
@@ -111,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             from .train_async import train_async_main
 
             return train_async_main(args)
+        elif args.command == "train-trl-async":
+            from .train_trl_async import train_trl_async_main
+
+            return train_trl_async_main(args)
         elif args.command == "build-model":
             if args.kind == "chat":
                 from ..core.chat_model import ChatModelRecipe, chat_model_path
