@@ -111,6 +111,15 @@ def test_trl_config_maps_grpo_lab_settings(tmp_path):
         TrlAsyncJobConfig()
 
 
+def test_without_vllm_the_job_says_what_to_do(tmp_path):
+    from grpo_lab.rollout.trl_async import run_train_trl_async
+
+    assert "vllm" not in sys.modules  # the stand-ins are on the job's path only
+    with pytest.raises(ValueError, match="vLLM image"):
+        run_train_trl_async(AsyncGRPOConfig(output_dir=str(tmp_path)),
+                            TrlAsyncJobConfig(server_url="http://127.0.0.1:9"))
+
+
 def test_response_parser_chatml_only(chat_model_dir, tiny_model_dir):
     from transformers import AutoTokenizer
 

@@ -31,6 +31,7 @@ one printed line per step; `summary.json` has the steps, the adapters published 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
@@ -208,6 +209,11 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
         raise ValueError("train-trl-async syncs adapters through the bucket: it needs use_lora")
     if config.beta > 0:
         raise ValueError("TRL's AsyncGRPOTrainer has no KL term: set --beta 0")
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("TRL's AsyncGRPOTrainer does not start without the `vllm` package, "
+                         "although adapter sync only needs it importable: run the job in the "
+                         "vLLM image (or pip install vllm). On a CPU, tests put the stand-ins of "
+                         "tests/trl_stand_ins/ on PYTHONPATH")
     from transformers import AutoTokenizer
 
     from ..train.trainer import GRPOTrainer
