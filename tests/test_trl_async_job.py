@@ -111,6 +111,17 @@ def test_trl_config_maps_grpo_lab_settings(tmp_path):
         TrlAsyncJobConfig()
 
 
+@pytest.mark.parametrize("command", ["train-trl-async", "train-async"])
+def test_help_lists_the_flags(command, capsys):
+    from grpo_lab.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args([command, "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    assert "--server-url" in text and "--max-staleness" in text and "--reward" in text
+
+
 def test_without_vllm_the_job_says_what_to_do(tmp_path):
     from grpo_lab.rollout.trl_async import run_train_trl_async
 
