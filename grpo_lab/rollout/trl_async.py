@@ -25,6 +25,11 @@ What TRL needs that grpo_lab does not provide, and how this job handles it:
 - `BucketAsyncGRPOTrainer` sets an attribute of TRL 1.16's trainer (`_lora_dir`) and the CPU
   attention after TRL registers its own; tests/test_trl_async_job.py fails if they move.
 
+Not mapped, TRL decides: the loss's aggregation and advantage scaling (`loss_type`,
+`scale_rewards`: TRL's own token-mean loss, group std scaling), and no held-out evaluation
+(`eval_every`; `grpo-lab train-async` evaluates, this job does not). `beta > 0` and
+`num_iterations > 1` are refused.
+
 Metrics are TRL's names (its `log_history`), written whole to `metrics.jsonl` at every log, with
 one printed line per step; `summary.json` has the steps, the adapters published and the time.
 """
@@ -209,6 +214,9 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
         raise ValueError("train-trl-async syncs adapters through the bucket: it needs use_lora")
     if config.beta > 0:
         raise ValueError("TRL's AsyncGRPOTrainer has no KL term: set --beta 0")
+    if config.num_iterations != 1:
+        raise ValueError("TRL's AsyncGRPOTrainer takes one optimizer step per batch: set "
+                         "--num-iterations 1")
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("TRL's AsyncGRPOTrainer does not start without the `vllm` package, "
                          "although adapter sync only needs it importable: run the job in the "
