@@ -170,6 +170,15 @@ class StubReplica:
             "lora_config": {"max_lora_rank": 8, "max_loras": 6},
             "model_config": {"dtype": "torch.float32"}, "replica": self.name}})
 
+    async def other(self, request):
+        """A route the proxy does not know (vLLM has many): echoes what arrived, with a status
+        and a header of its own."""
+        body = await request.read()
+        return web.json_response(
+            {"replica": self.name, "method": request.method, "path_qs": request.path_qs,
+             "body": body.decode(), "x_client": request.headers.get("X-Client")},
+            status=201, headers={"X-Replica-Says": f"hello from {self.name}"})
+
     async def models(self, request):
         cards = [{"id": BASE, "object": "model", "root": BASE, "parent": None,
                   "max_model_len": 256}]
@@ -196,6 +205,7 @@ class StubReplica:
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_route("*", "/v1/other", self.other)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1,
                                      access_log=None)
         await self._runner.setup()

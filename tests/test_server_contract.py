@@ -101,6 +101,7 @@ def test_health_models_and_server_info(client):
     assert info["model_config"]["dtype"] == "torch.float32"
     text_form = json.loads(client.request("GET", "/server_info")[1])  # config_format=text
     assert isinstance(text_form["vllm_config"], str)
+    assert client.request("GET", "/get_world_size") == (200, '{"world_size": 1}')  # TRL reads it
 
 
 def test_api_key_is_required_everywhere_but_health(server):
@@ -402,6 +403,7 @@ def in_process(monkeypatch, tiny_model_and_tokenizer, env: dict, check, **config
 def test_gated_off_routes_answer_404_not_found(monkeypatch, tiny_model_and_tokenizer):
     async def check(http, server):
         for method, path in (("POST", "/pause"), ("POST", "/resume"), ("GET", "/server_info"),
+                             ("GET", "/get_world_size"),
                              ("POST", "/reset_prefix_cache"), ("POST", "/v1/load_lora_adapter"),
                              ("POST", "/v1/unload_lora_adapter")):
             reply = await http.request(method, path, json={"lora_name": "a", "lora_path": "/a"})

@@ -4,6 +4,8 @@
     grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
     grpo-lab train-async --server-url URL --output-dir DIR [--resume]
                                      the trainer job: async LoRA GRPO against servers, a bucket
+    grpo-lab train-trl-async --server-url URL --output-dir DIR
+                                     the same job with TRL's AsyncGRPOTrainer
     grpo-lab build-model [--kind chat]
                                      build (or find) the cached tiny (or chat) model, print its folder
     grpo-lab notebook 01             execute a course notebook with papermill
@@ -95,9 +97,16 @@ def _add_train_async(sub) -> None:
     add_train_async_parser(sub)
 
 
+def _add_train_trl_async(sub) -> None:
+    from .train_trl_async import add_train_trl_async_parser
+
+    add_train_trl_async_parser(sub)
+
+
 SUBCOMMANDS = {"demo": _add_demo, "train": _add_train, "build-model": _add_build_model,
                "notebook": _add_notebook, "serve": _add_serve, "proxy": _add_proxy,
-               "launch": _add_launch, "train-async": _add_train_async}
+               "launch": _add_launch, "train-async": _add_train_async,
+               "train-trl-async": _add_train_trl_async}
 """Each command's parser. Its flags come from config dataclasses whose modules import torch,
 transformers or the trainer, seconds on a small machine: a process started for one command
 (a proxy imports neither) builds only that command's flags."""
@@ -144,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             from .train_async import train_async_main
 
             return train_async_main(args)
+        elif args.command == "train-trl-async":
+            from .train_trl_async import train_trl_async_main
+
+            return train_trl_async_main(args)
         elif args.command == "build-model":
             if args.kind == "chat":
                 from ..core.chat_model import ChatModelRecipe, chat_model_path

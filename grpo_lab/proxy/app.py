@@ -11,9 +11,12 @@ of several replicas"; docs/recipe.md, "The proxy"):
     POST /pause, /resume, /reset_prefix_cache   sent to every replica in routing
     POST /v1/load_lora_adapter                  every replica in routing or none (broadcast.py)
     POST /v1/unload_lora_adapter                every replica in routing
-    GET  /health                                200 only if every replica answers 200
+    GET  /health, GET|POST /ping                200 only if every replica answers 200
     GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
+    GET  /get_world_size                        one replica's world size (TRL's client asks)
     GET  /proxy/stats                           the counters below, as JSON
+    any other route                             passed through to one healthy replica
+    /init_weight_transfer_engine, ...           501: NCCL weights would reach one replica only
 
 Routing. Each prompt is routed on its token ids; text and chat prompts on the ids of
 `--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched
@@ -30,8 +33,8 @@ Parts. `Proxy` builds them, starts and stops them, and wires the routes to them:
     Broadcaster           control.py       /pause, /resume, adapter loads and unloads
     FleetInfo             control.py       /health, /server_info, /v1/models
 
-`/proxy/stats`, unknown routes (404; 405 for a known path with another method) and the error
-answers of every part (`Proxy.error`, handed to them) are the proxy's own. Each part keeps its
+`/proxy/stats`, a known path with another method (405) and the error answers of every part
+(`Proxy.error`, handed to them) are the proxy's own; any other route is the replica's answer. Each part keeps its
 own counters; `/proxy/stats` joins them.
 
 Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
@@ -56,7 +59,8 @@ Logged metrics (`GET /proxy/stats`, next to the router's own, see grpo_lab.proxy
 - `completion_calls`: completion requests received; `split_batches`: batches spread over more
   than one replica; `rerouted`: prompts re-sent after a replica refused the connection.
 - `errors`: answers the proxy made itself, by cause (bad_request, not_found, closed, garbage,
-  timeout, down, no_replica).
+  timeout, down, no_replica, refused: the weight-transfer routes); `forwarded`: other routes
+  passed through to a replica.
 - `broadcasts`: state-changing calls, by route; `retries`: "No adapter found" answers retried;
   `rollbacks`: loads undone on the replicas that had accepted them; `rollback_failures`;
   `load_timeouts`: loads that hit `lora_load_timeout_s` (answered 504).
@@ -85,8 +89,8 @@ from .process import READY_MARKER
 from .replicas import ReplicaSet
 from .router import PrefixRouter, RouterConfig
 
-KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/server_info",
-               "/v1/models", "/proxy/stats", *BROADCAST_PATHS)
+KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/ping", "/server_info",
+               "/v1/models", "/get_world_size", "/proxy/stats", *BROADCAST_PATHS)
 
 
 class Proxy:
@@ -109,7 +113,7 @@ class Proxy:
         self.router = PrefixRouter(config.upstreams, RouterConfig(
             config.block_size, config.imbalance, config.max_tracked_blocks, config.routing))
         self.errors = dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
-                                     "down", "no_replica"), 0)
+                                     "down", "no_replica", "refused"), 0)
         self.replicas = ReplicaSet(config, self.router, token)
         self.completions = CompletionForwarder(config, self.replicas, self.router,
                                                self.tokenizer, self.error)
@@ -155,7 +159,8 @@ class Proxy:
         """The router's counters, then the parts' (the JSON of /proxy/stats)."""
         out = self.router.stats()
         counters = {**self.completions.counters, "errors": self.errors,
-                    **self.broadcaster.counters, **self.replicas.counters}
+                    **self.broadcaster.counters, **self.replicas.counters,
+                    **self.info.counters}
         out.update(json.loads(json.dumps(counters)))  # a copy
         out.update(upstreams=self.replicas.urls, down_reasons=dict(self.replicas.down_reasons),
                    uptime_s=round(time.monotonic() - self._started, 1))
@@ -164,11 +169,11 @@ class Proxy:
     async def stats_route(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
-    async def not_found(self, request: web.Request) -> web.Response:
+    async def other_route(self, request: web.Request) -> web.Response:
+        """A known path with another method: 405, as FastAPI. Anything else: to a replica."""
         if request.path in KNOWN_PATHS:
             return web.json_response({"detail": "Method Not Allowed"}, status=405)
-        self.errors["not_found"] += 1
-        return web.json_response({"detail": "Not Found"}, status=404)
+        return await self.info.forward(request)
 
 
 PROXY_KEY = web.AppKey("proxy", Proxy)
@@ -188,10 +193,13 @@ def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:
     app.router.add_post(LOAD_PATH, proxy.broadcaster.adapter_op)
     app.router.add_post(UNLOAD_PATH, proxy.broadcaster.adapter_op)
     app.router.add_get("/health", proxy.info.health)
+    app.router.add_get("/ping", proxy.info.health)
+    app.router.add_post("/ping", proxy.info.health)
+    app.router.add_get("/get_world_size", proxy.info.world_size)
     app.router.add_get("/server_info", proxy.info.one_answer)
     app.router.add_get("/v1/models", proxy.info.one_answer)
     app.router.add_get("/proxy/stats", proxy.stats_route)
-    app.router.add_route("*", "/{tail:.*}", proxy.not_found)
+    app.router.add_route("*", "/{tail:.*}", proxy.other_route)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.close)
     return app

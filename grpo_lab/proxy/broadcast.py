@@ -6,7 +6,11 @@ adapter name must never exist on only part of the fleet: a rollout routed to a r
 it would fail with 404, or worse, a stale copy would serve it (docs/recipe.md, "The proxy").
 
 Rules of `load_everywhere`, one replica at a time, all replicas at once:
-- 2xx: accepted. 400 "has already been loaded": it was there before this call; left as it is.
+- 2xx: accepted.
+- 400 "has already been loaded": the replica's /v1/models is asked which path it holds that
+  name from. The same path (the adapter this call names): success, left as it is. Another
+  path, or no answer: a failure like the next one (400, saying which path it holds), since
+  that replica would go on serving an older adapter under the name the caller publishes.
 - 404 "No adapter found": its bucket mount has not seen the directory yet. Retry every
   `retry_s` until the deadline (`timeout_s` after the call began).
 - Anything else (an HTTP error, a refused or dropped connection) fails the load: the other
@@ -16,14 +20,16 @@ Rules of `load_everywhere`, one replica at a time, all replicas at once:
   LoRA updating is disabled").
 The fleet ends as it was before the call, or with the adapter on every replica.
 
-A replica is reached through `send(replica, path, body, timeout_s) -> (status, text)`, which
-raises `UpstreamError` when no HTTP answer came back; so these rules are tested without sockets.
+A replica is reached through `send(replica, path, body, timeout_s, method="POST") ->
+(status, text)`, which raises `UpstreamError` when no HTTP answer came back; so these rules are
+tested without sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +51,7 @@ class UpstreamError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-Send = Callable[[str, str, dict, float], Awaitable[tuple[int, str]]]
+Send = Callable[..., Awaitable[tuple[int, str]]]  # (replica, path, body, timeout_s[, method])
 
 
 def upstream_message(text: str) -> str:
@@ -89,7 +95,12 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
             if 200 <= status < 300:
                 return "ok", status, text
             if status == 400 and ALREADY_LOADED in text:
-                return "present", status, text
+                conflict = await _held_elsewhere(send, replica, name, body["lora_path"],
+                                                 max(deadline - time.monotonic(), 1.0))
+                if not conflict:
+                    return "present", status, text
+                failed.set()
+                return "failed", 400, json.dumps(error_body(conflict, 400, "InvalidUserInput"))
             if status == 404 and NOT_VISIBLE in text:  # its mount has not caught up: wait
                 retries += 1
                 wait = min(retry_s, deadline - time.monotonic())
@@ -112,8 +123,8 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
         if "ok" in states.values():
             text = next(t for s, _, t in outcomes.values() if s == "ok")
             return BroadcastResult(200, text, per_replica, retries)
-        _, status, text = next(iter(outcomes.values()))  # present everywhere: vLLM's 400
-        return BroadcastResult(status, _as_json(text, status), per_replica, retries)
+        return BroadcastResult(200, f"Success: LoRA adapter '{name}' was already loaded from "
+                               f"{body['lora_path']} on every replica.", per_replica, retries)
 
     # Roll back: unload wherever it may have been loaded by this call.
     undo = [r for r, s in states.items() if s in ("ok", "lost", "timeout")]
@@ -136,6 +147,26 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
                f"(retried every {retry_s} s): {waiting}{rolled}{stuck}")
     return BroadcastResult(504, error_body(message, 504), per_replica, retries, rolled_back,
                            rollback_failed, timed_out=True)
+
+
+async def _held_elsewhere(send: Send, replica: str, name: str, path: str,
+                          timeout_s: float) -> str:
+    """'' if `replica` holds adapter `name` from `path` (its /v1/models card's `root`), else
+    why the load must fail."""
+    try:
+        status, text = await send(replica, "/v1/models", None, timeout_s, "GET")
+        cards = json.loads(text)["data"] if status == 200 else None
+        held = next((c.get("root") for c in cards if c.get("id") == name), None)
+    except UpstreamError as exc:
+        return f"{replica} says '{name}' is already loaded; its /v1/models: {exc.message}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return (f"{replica} says '{name}' is already loaded, and its /v1/models (status "
+                f"{status}) does not say from where")
+    if isinstance(held, str) and os.path.normpath(held) == os.path.normpath(path):
+        return ""
+    return (f"{replica} already holds an adapter named '{name}' loaded from {held}, not from "
+            f"{path}: it would serve that one. Publish under a new name, or unload '{name}' "
+            "first")
 
 
 async def broadcast(send: Send, replicas: Sequence[str], path: str, body: dict | None,
@@ -209,10 +240,3 @@ async def _unload(send: Send, replicas: list[str], name: str, retry_s: float, ti
     failed = {r: why for r, (state, why) in results.items() if state == "failed"}
     return removed, (failed if keep else list(failed))
 
-
-def _as_json(text: str, status: int) -> dict:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    return data if isinstance(data, dict) else error_body(text[:300], status)

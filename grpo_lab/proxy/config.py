@@ -4,8 +4,26 @@ before anything listens."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+LOCAL_HEALTH_TIMEOUT_S, LOCAL_HEALTH_FAILURES = 5.0, 2
+"""Mark-down defaults when every upstream is on this machine: a stalled replica leaves fast."""
+REMOTE_HEALTH_TIMEOUT_S, REMOTE_HEALTH_FAILURES = 20.0, 5
+"""Mark-down defaults when an upstream is remote (behind HF Jobs' public proxy): patient."""
+
+
+def is_loopback(url: str) -> bool:
+    """Whether the URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: remote
+        return False
 
 
 @dataclass
@@ -46,10 +64,14 @@ class ProxyConfig:
     """Longest wait for /pause, /resume, /server_info, /v1/models and unloads."""
     health_interval_s: float = 1.0
     """Seconds between health probes of every replica."""
-    health_timeout_s: float = 5.0
-    """A health probe without an answer after this long counts as a failure."""
-    health_failures: int = 2
-    """Failed probes in a row that take a replica out of routing."""
+    health_timeout_s: float | None = None
+    """A health probe without an answer after this long counts as a failure. None = set by
+    the upstreams: 5 s when every one is on this machine (loopback), 20 s when any is remote
+    (an HF Jobs replica answers through a public proxy, whose latency can spike for seconds)."""
+    health_failures: int | None = None
+    """Failed probes in a row that take a replica out of routing. None = set by the upstreams:
+    2 on loopback, 5 when any is remote (so a few slow answers of a public proxy do not drop
+    a healthy replica; a refused connection still takes it out at once)."""
     stats_every_s: float = 60.0
     """Print the routing counters every S seconds (0 = never)."""
     max_request_bytes: int = 16 * 2**20
@@ -57,6 +79,11 @@ class ProxyConfig:
 
     def __post_init__(self):
         self.upstreams = [u.rstrip("/") for u in self.upstreams]
+        remote = not all(is_loopback(u) for u in self.upstreams)
+        if self.health_timeout_s is None:  # computed at runtime from the upstreams
+            self.health_timeout_s = REMOTE_HEALTH_TIMEOUT_S if remote else LOCAL_HEALTH_TIMEOUT_S
+        if self.health_failures is None:  # computed at runtime from the upstreams
+            self.health_failures = REMOTE_HEALTH_FAILURES if remote else LOCAL_HEALTH_FAILURES
         problems = []
         if not self.upstreams:
             problems.append("need at least one --upstream URL")

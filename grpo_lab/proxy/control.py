@@ -8,8 +8,14 @@
     POST /v1/unload_lora_adapter      every replica in routing
 
 `FleetInfo`, the fleet presented as one server:
-    GET  /health                      200 only if every replica answers 200
+    GET  /health, GET|POST /ping      200 only if every replica answers 200 (/ping is vLLM's alias)
     GET  /server_info, /v1/models     from one healthy replica; data_parallel_size 1
+    GET  /get_world_size              {"world_size": tensor x pipeline parallel size of one
+                                      replica}, what vLLM answers and TRL's client reads
+    any other route                   passed through to one healthy replica (replicas in turn):
+                                      method, query, body, status and headers (not streamed)
+    the NCCL weight-transfer routes   501: a weight broadcast reaches one replica, not the fleet;
+                                      sync LoRA adapters (/v1/load_lora_adapter) instead
 
 A broadcast goes to the replicas in routing; one that is down catches up when it comes back
 (`ReplicaSet`'s resync, grpo_lab.proxy.replicas). Loads and pause/resume are shielded: a client
@@ -19,6 +25,7 @@ that hangs up does not cut them in half.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import sys
@@ -40,6 +47,11 @@ from .config import ProxyConfig
 from .replicas import ReplicaSet
 
 BROADCAST_PATHS = ("/pause", "/resume", "/reset_prefix_cache", LOAD_PATH, UNLOAD_PATH)
+WEIGHT_TRANSFER_PATHS = ("/init_weight_transfer_engine", "/start_weight_update",
+                         "/update_weights", "/finish_weight_update")
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+              "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
+"""Headers that describe one connection, not the message: never passed through."""
 
 
 class Broadcaster:
@@ -75,11 +87,11 @@ class Broadcaster:
         return self._broadcast_answer(result)
 
     async def _broadcast_send(self, replica: str, path: str, body: dict | None,
-                              timeout_s: float) -> tuple[int, str]:
+                              timeout_s: float, method: str = "POST") -> tuple[int, str]:
         """`ReplicaSet.send` for broadcasts: a refused connection takes the replica out at once,
         so the caller's retry of the broadcast goes to the replicas that are left."""
         try:
-            return await self.replicas.send(replica, path, body, timeout_s)
+            return await self.replicas.send(replica, path, body, timeout_s, method)
         except UpstreamError as exc:
             if exc.kind == "connect":
                 self.replicas.mark_down(replica, exc.message)
@@ -130,13 +142,16 @@ class Broadcaster:
 
 
 class FleetInfo:
-    """/health, /server_info and /v1/models: the fleet answers as one server."""
+    """/health, /server_info, /v1/models, /get_world_size and every other route: the fleet
+    answers as one server."""
 
     def __init__(self, config: ProxyConfig, replicas: ReplicaSet,
                  error: Callable[..., web.Response]):
         self.config = config
         self.replicas = replicas
         self.error = error  # (status, message, kind, replica=None, param=None) -> response
+        self.counters = {"forwarded": 0}
+        self._turn = itertools.count()
 
     async def health(self, request: web.Request) -> web.Response:
         urls = self.replicas.urls
@@ -147,13 +162,14 @@ class FleetInfo:
         message = f"{len(bad)} of {len(urls)} replicas are not healthy: {bad}"
         return web.json_response(error_body(message, 503), status=503)
 
-    async def one_answer(self, request: web.Request) -> web.Response:
-        """/server_info and /v1/models: the first replica that answers (up replicas first)."""
+    async def _first_answer(self, path_qs: str) -> tuple[str, int, str] | str:
+        """GET `path_qs` from the first replica that answers below 500 (up replicas first):
+        (replica, status, text), or why none did."""
         order = sorted(self.replicas.urls, key=lambda r: r in self.replicas.down_reasons)
         why = "no replica"
         for replica in order:
             try:
-                status, text = await self.replicas.send(replica, request.path_qs, None,
+                status, text = await self.replicas.send(replica, path_qs, None,
                                                         self.config.control_timeout_s, "GET")
             except UpstreamError as exc:
                 why = exc.message
@@ -161,12 +177,62 @@ class FleetInfo:
             if status >= 500:
                 why = f"{replica} answered {status}"
                 continue
-            if request.path == "/server_info" and status == 200:
-                text = _one_replica_info(text)
-            ctype = "application/json" if text.lstrip()[:1] in ("{", "[") else "text/plain"
-            return web.Response(text=text, status=status, content_type=ctype,
-                                headers={"X-Proxy-Upstream": replica})
-        return self.error(503, f"no replica answered {request.path}: {why}", "no_replica")
+            return replica, status, text
+        return why
+
+    async def one_answer(self, request: web.Request) -> web.Response:
+        """/server_info and /v1/models: the first replica that answers (up replicas first)."""
+        answer = await self._first_answer(request.path_qs)
+        if isinstance(answer, str):
+            return self.error(503, f"no replica answered {request.path}: {answer}", "no_replica")
+        replica, status, text = answer
+        if request.path == "/server_info" and status == 200:
+            text = _one_replica_info(text)
+        ctype = "application/json" if text.lstrip()[:1] in ("{", "[") else "text/plain"
+        return web.Response(text=text, status=status, content_type=ctype,
+                            headers={"X-Proxy-Upstream": replica})
+
+    async def world_size(self, request: web.Request) -> web.Response:
+        """/get_world_size: the processes of one replica (tensor x pipeline parallel), read from
+        its /server_info; TRL's client reads `world_size` (the replicas are alike)."""
+        answer = await self._first_answer("/server_info?config_format=json")
+        try:
+            replica, status, text = answer
+            parallel = json.loads(text)["vllm_config"]["parallel_config"]
+            size = (int(parallel.get("tensor_parallel_size", 1))
+                    * int(parallel.get("pipeline_parallel_size", 1)))
+        except (ValueError, KeyError, TypeError):
+            why = answer if isinstance(answer, str) else f"{replica}/server_info: {status}"
+            return self.error(503, f"no replica told its world size: {why}", "no_replica")
+        return web.json_response({"world_size": size}, headers={"X-Proxy-Upstream": replica})
+
+    async def forward(self, request: web.Request) -> web.Response:
+        """Any route the proxy does not handle: to one healthy replica, replicas in turn."""
+        if request.path in WEIGHT_TRANSFER_PATHS:
+            return self.error(501, f"{request.path}: the proxy serves several replicas, and an "
+                              "NCCL weight transfer would reach one of them only. Sync LoRA "
+                              "adapters through /v1/load_lora_adapter instead", "refused")
+        up = self.replicas.up()
+        if not up:
+            return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
+                              "no_replica")
+        replica = up[next(self._turn) % len(up)]
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in HOP_BY_HOP | {"authorization"}}
+        try:
+            status, reply_headers, body = await self.replicas.relay(
+                replica, request.method, request.path_qs, await request.read(), headers)
+        except UpstreamError as exc:
+            if exc.kind == "connect":
+                self.replicas.mark_down(replica, exc.message)
+            kind = {"timeout": "timeout", "connect": "down"}.get(exc.kind, "closed")
+            return self.error(exc.status, exc.message, kind, replica)
+        self.counters["forwarded"] += 1
+        # aiohttp has decoded the body: its encoding and length headers no longer apply
+        reply_headers = {k: v for k, v in reply_headers.items()
+                         if k.lower() not in HOP_BY_HOP | {"content-encoding"}}
+        return web.Response(body=body, status=status,
+                            headers={**reply_headers, "X-Proxy-Upstream": replica})
 
 
 def _one_replica_info(text: str) -> str:

@@ -6,6 +6,7 @@
                 probes never queue behind long completions
     call        one completion over the lean pool (http_pool.py); `mark_down` cuts it short
     stream      a streamed completion (aiohttp: its bytes pass through)
+    relay       any other request, to one replica, answered as that replica answered
     probe       GET /health; `probe_forever` calls it every `health_interval_s`:
                 `health_failures` failures in a row, or a refused connection, take a replica out
                 of routing (`mark_down`) and fail its requests in flight (503)
@@ -212,6 +213,16 @@ class ReplicaSet:
         finally:
             calls.discard(task)
             self._killed.pop(task, None)
+
+    async def relay(self, replica: str, method: str, path_qs: str, data: bytes,
+                    headers: dict) -> tuple[int, dict, bytes]:
+        """Any other request, passed through to one replica -> (status, headers, body)."""
+        try:
+            async with self._session.request(method, replica + path_qs, data=data,
+                                             headers={**headers, **self._auth}) as reply:
+                return reply.status, dict(reply.headers), await reply.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise transport_error(replica, exc, self.config.request_timeout_s) from None
 
     def stream(self, replica: str, path: str, data: bytes):
         """POST a streamed completion: `async with` it for the aiohttp reply, read as it comes."""

@@ -9,6 +9,7 @@ Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0
     GET  /v1/models                  base card first, then one card per loaded adapter
     GET  /metrics                    Prometheus text: vLLM's token and prefix-cache counters
     GET  /server_info                {"vllm_config": ...}          (VLLM_SERVER_DEV_MODE=1)
+    GET  /get_world_size             {"world_size": 1}             (VLLM_SERVER_DEV_MODE=1)
     POST /reset_prefix_cache         200, empty; flushes the cache (VLLM_SERVER_DEV_MODE=1)
     POST /pause?mode=abort|wait|keep {"status": "paused"}          (VLLM_SERVER_DEV_MODE=1)
     POST /resume                     {"status": "resumed"}         (VLLM_SERVER_DEV_MODE=1)
@@ -117,6 +118,7 @@ class RolloutServer:
         app.router.add_post("/v1/completions", self.completions)
         if self.dev_mode:
             app.router.add_get("/server_info", self.server_info)
+            app.router.add_get("/get_world_size", self.world_size)
             app.router.add_post("/pause", self.pause)
             app.router.add_post("/resume", self.resume)
             app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
@@ -196,6 +198,10 @@ class RolloutServer:
                                param="config_format")
         config = self.vllm_config()
         return _json({"vllm_config": config if fmt == "json" else str(config)})
+
+    async def world_size(self, request):
+        """Processes of the engine (tensor x pipeline parallel): one, as /server_info says."""
+        return _json({"world_size": 1})
 
     async def pause(self, request):
         mode = request.query.get("mode", "abort")

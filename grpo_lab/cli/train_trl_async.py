@@ -1,0 +1,32 @@
+"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (grpo_lab.rollout.trl_async).
+
+    grpo-lab train-trl-async --server-url http://127.0.0.1:8000 --output-dir runs/trl \\
+        --model tiny-chat --dataset <chat model>/data --reward math_answer --steps 50
+
+Takes `grpo-lab train-async`'s training flags (grpo_lab's `AsyncGRPOConfig`) and the job's own
+(`TrlAsyncJobConfig`); writes `metrics.jsonl` (TRL's metric names), `summary.json` and the final
+`adapter/` into `--output-dir`, the adapters `trl-policy-vN` into `--bucket`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..rollout.config import AsyncGRPOConfig
+from ..rollout.trl_async import TrlAsyncJobConfig, run_train_trl_async
+from .flags import add_config_flags, config_from_args
+
+
+def add_train_trl_async_parser(sub) -> None:
+    parser = sub.add_parser("train-trl-async", help="the trainer job with TRL's "
+                            "AsyncGRPOTrainer: same data, rewards and flags as train-async, "
+                            "LoRA adapters through the bucket, against a proxy or one server")
+    add_config_flags(parser, TrlAsyncJobConfig)
+    add_config_flags(parser, AsyncGRPOConfig)
+
+
+def train_trl_async_main(args) -> int:
+    summary = run_train_trl_async(config_from_args(args, AsyncGRPOConfig),
+                                  config_from_args(args, TrlAsyncJobConfig))
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0

@@ -1,0 +1,277 @@
+"""TRL's `AsyncGRPOTrainer` as the trainer job: grpo_lab's data and rewards, adapters through the bucket.
+
+    TRL AsyncGRPOTrainer ──/v1/completions (one completion per request)──> the proxy ──> replicas
+          │   (a spawned rollout process scores each group with grpo_lab's RewardSet)
+          └──every weight_sync_steps──> /pause, save trl-policy-vN into the bucket,
+                                        /v1/load_lora_adapter trl-policy-vN, /resume,
+                                        unload trl-policy-v(N - max_staleness - 1)
+
+The same run as `grpo-lab train-async` (grpo_lab.cli.train_async), with TRL's trainer in place of
+grpo_lab's: the task or dataset and the rewards come from grpo_lab's `AsyncGRPOConfig`
+(`make_task`, `RewardSet`), mapped onto TRL's `AsyncGRPOConfig` by `trl_config`. TRL decides
+adapter-only sync itself: a PEFT model and a server whose /server_info has a `lora_config`
+(`--enable-lora`) with `max_loras >= max_staleness + 2`. It saves each version as
+`trl-policy-v{N}` under `output_dir/.vllm_lora`; `BucketAsyncGRPOTrainer` points that folder at
+the bucket, the folder every server reads adapters from (grpo_lab.bucket.adapters), as grpo_lab's
+own trainer publishes.
+
+What TRL needs that grpo_lab does not provide, and how this job handles it:
+- vLLM installed: TRL's rollout worker refuses to start without `import vllm`, and its NCCL
+  weight transfer imports vLLM helpers. On a GPU the job runs in the vLLM image. Its tests use
+  test-only stand-ins (tests/trl_stand_ins/), never the NCCL path: adapters travel as files.
+- CUDA: FlashAttention-3 from the Hub (`kernels`) for its packed prefix trees, and the GPU's
+  name for MFU. On a CUDA GPU TRL's own code runs (the job needs `pip install kernels` and the
+  Hub); elsewhere grpo_lab.rollout.trl_cpu stands in for both.
+- `BucketAsyncGRPOTrainer` sets an attribute of TRL 1.16's trainer (`_lora_dir`) and the CPU
+  attention after TRL registers its own; tests/test_trl_async_job.py fails if they move.
+
+Not mapped, TRL decides: the loss's aggregation and advantage scaling (`loss_type`,
+`scale_rewards`: TRL's own token-mean loss, group std scaling), and no held-out evaluation
+(`eval_every`; `grpo-lab train-async` evaluates, this job does not). `beta > 0` and
+`num_iterations > 1` are refused.
+
+Metrics are TRL's names (its `log_history`), written whole to `metrics.jsonl` at every log, with
+one printed line per step; `summary.json` has the steps, the adapters published and the time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.devices import resolve_device, resolve_dtype
+from ..core.prompts import as_conversation
+from ..core.reward_set import RewardSet
+from .config import AsyncGRPOConfig
+
+LORA_NAME = "trl-policy"
+"""TRL's adapter name: versions are `trl-policy-v1`, `trl-policy-v2`, ... on the servers."""
+
+
+@dataclass
+class TrlAsyncJobConfig:
+    """The trainer job's own flags of `grpo-lab train-trl-async` (the training ones are
+    grpo_lab's `AsyncGRPOConfig`, mapped onto TRL's by `trl_config`)."""
+
+    server_url: str = ""
+    """Base URL of the proxy (or of one `grpo-lab serve` / `vllm serve`). Required."""
+    bucket: str | None = None
+    """Folder the servers load adapters from, at the same path (default <output-dir>/adapters)."""
+    max_inflight: int | None = None
+    """Most completion requests in flight (TRL's max_inflight_tasks; default: TRL's
+    max_staleness x samples per step)."""
+    server_timeout_s: float = 240.0
+    """Longest wait for the server's /health before the first request."""
+    request_timeout_s: int = 120
+    """Longest wait for one completion."""
+
+    def __post_init__(self):
+        if not self.server_url:
+            raise ValueError("train-trl-async needs --server-url (the proxy's or one server's URL)")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+
+
+class WeightedReward:
+    """One reward of a `RewardSet` times its weight, picklable (TRL scores in a spawned process)
+    and named as grpo_lab logs it (TRL logs `rewards/<__name__>`)."""
+
+    def __init__(self, name: str, fn, weight: float):
+        self.__name__, self.fn, self.weight = name, fn, weight
+
+    def __call__(self, completions, **kwargs) -> list[float | None]:
+        values = self.fn(completions, **kwargs)
+        return [None if v is None else self.weight * float(v) for v in values]
+
+
+def reward_funcs(config: AsyncGRPOConfig) -> list[WeightedReward]:
+    """The config's rewards as TRL `reward_funcs`: TRL sums them (None counts as 0 unless every
+    reward is None), which is `RewardSet.score`'s weighted sum."""
+    rewards = RewardSet.parse(config.reward, config.reward_weights)
+    return [WeightedReward(n, f, w) for n, f, w in zip(rewards.names, rewards.functions,
+                                                       rewards.weights)]
+
+
+CHATML_RESPONSE = {"defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n",
+                   "fields": {"content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"}}}
+"""How an assistant turn of a ChatML template without tools is read back into a message
+(transformers' `response_template`): its text up to <|im_end|>."""
+
+
+def with_response_parser(tokenizer):
+    """TRL's rollout worker reads each completion back into a message (`parse_response`) and
+    knows the templates of well-known models only; a ChatML template it does not know (the
+    offline chat model's) gets `CHATML_RESPONSE`. Others must bring their own."""
+    from trl.chat_template_utils import add_response_schema
+
+    if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None):
+        return tokenizer
+    try:
+        return add_response_schema(tokenizer)
+    except ValueError:
+        if "<|im_start|>" not in (tokenizer.chat_template or ""):
+            raise ValueError("TRL's AsyncGRPOTrainer cannot read this model's completions back "
+                             "into messages: its chat template is neither one TRL knows nor "
+                             "ChatML; set tokenizer.response_template") from None
+    tokenizer.response_template = CHATML_RESPONSE
+    return tokenizer
+
+
+def trl_dataset(config: AsyncGRPOConfig, task=None):
+    """One row per prompt of the run (`steps * prompts_per_step`), drawn as grpo_lab's trainer
+    draws them (seeded, never a held-out prompt): `prompt` as a conversation (TRL's async trainer
+    renders every prompt with the chat template), `answer` for the rewards."""
+    from datasets import Dataset
+
+    task = task or config.make_task()
+    problems = task.sample_batch(random.Random(config.seed), config.steps * config.prompts_per_step)
+    return Dataset.from_list([{"prompt": as_conversation(p.prompt, config.system_prompt),
+                               "answer": p.answer} for p in problems])
+
+
+def trl_config(config: AsyncGRPOConfig, job: TrlAsyncJobConfig, output_dir: Path, device: str,
+               max_completion_length: int):
+    """grpo_lab's settings -> TRL's `AsyncGRPOConfig` (one optimizer step = prompts_per_step x G
+    samples, one micro-batch unless token_budget is set)."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
+
+    group = config.num_generations
+    dtype = str(resolve_dtype(config.dtype, device)).removeprefix("torch.")
+    return TRLAsyncGRPOConfig(
+        output_dir=str(output_dir), max_steps=config.steps, seed=config.seed,
+        per_device_train_batch_size=config.prompts_per_step * group,
+        gradient_accumulation_steps=1, num_generations=group,
+        max_completion_length=max_completion_length, temperature=config.temperature,
+        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler_type,
+        max_grad_norm=config.max_grad_norm, epsilon=config.epsilon_low,
+        epsilon_high=config.epsilon_high, max_staleness=config.max_staleness,
+        weight_sync_steps=config.weight_sync_steps, token_budget=config.token_budget,
+        queue_maxsize=config.effective_buffer_size * group,
+        max_inflight_tasks=job.max_inflight if job.max_inflight is not None else -1,
+        vllm_server_base_url=job.server_url, vllm_server_timeout=job.server_timeout_s,
+        request_timeout=job.request_timeout_s,
+        gradient_checkpointing=config.gradient_checkpointing,
+        dtype=dtype, bf16=dtype == "bfloat16",
+        use_cpu=device == "cpu", logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True)
+
+
+def lora_config(config: AsyncGRPOConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_rank, lora_alpha=config.effective_lora_alpha,
+                      target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def _trainer_class():
+    from transformers import TrainerCallback
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
+        """TRL's trainer, with its adapters saved into `bucket` (the servers' adapter folder) and,
+        off a GPU, tree attention computed by grpo_lab.rollout.trl_tree_attention."""
+
+        def __init__(self, *args, bucket: Path, cpu_attention: bool, **kwargs):
+            super().__init__(*args, **kwargs)  # registers TRL's FlashAttention-3 tree attention
+            if cpu_attention:
+                from .trl_cpu import use_cpu_tree_attention
+
+                use_cpu_tree_attention()
+            self._lora_dir = str(bucket.resolve())  # trl-policy-vN/ land in the bucket
+
+    class LogLines(TrainerCallback):
+        """One line per logged step with fixed keys; `metrics.jsonl` rewritten whole each time
+        (a file on a bucket mount is written in one piece, never appended to)."""
+
+        def __init__(self, path: Path, steps: int):
+            self.path, self.steps, self.records = path, steps, []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            record = {"step": state.global_step, **logs}
+            self.records.append(record)
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            print(f"[step {state.global_step}/{self.steps}] loss={logs['loss']:.4f} "
+                  f"reward={logs.get('reward', math.nan):.3f} "
+                  f"staleness={logs.get('sample/staleness_mean', math.nan):.2f} "
+                  f"sync_s={logs.get('perf/weight_sync_s', math.nan):.2f}", flush=True)
+
+    return BucketAsyncGRPOTrainer, LogLines
+
+
+def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict:
+    """Train with TRL's AsyncGRPOTrainer against `job.server_url`; returns (and writes) the
+    run's summary."""
+    if not config.output_dir:
+        raise ValueError("train-trl-async needs --output-dir")
+    if not config.use_lora:
+        raise ValueError("train-trl-async syncs adapters through the bucket: it needs use_lora")
+    if config.beta > 0:
+        raise ValueError("TRL's AsyncGRPOTrainer has no KL term: set --beta 0")
+    if config.num_iterations != 1:
+        raise ValueError("TRL's AsyncGRPOTrainer takes one optimizer step per batch: set "
+                         "--num-iterations 1")
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("TRL's AsyncGRPOTrainer does not start without the `vllm` package, "
+                         "although adapter sync only needs it importable: run the job in the "
+                         "vLLM image (or pip install vllm). On a CPU, tests put the stand-ins of "
+                         "tests/trl_stand_ins/ on PYTHONPATH")
+    from transformers import AutoTokenizer
+
+    from ..train.trainer import GRPOTrainer
+
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bucket = Path(job.bucket) if job.bucket else out / "adapters"
+    bucket.mkdir(parents=True, exist_ok=True)
+    if any(bucket.glob(f"{LORA_NAME}-v*")):
+        raise ValueError(f"{bucket} already holds {LORA_NAME}-v* adapters from another run: "
+                         "use a new --bucket (TRL numbers versions from 1)")
+    device = resolve_device(config.device)
+    model_path = str(GRPOTrainer.resolve_model_path(config))
+    tokenizer = with_response_parser(AutoTokenizer.from_pretrained(model_path,
+                                                                   padding_side="left"))
+    task = config.make_task()
+    max_completion_length = config.max_new_tokens or task.max_answer_chars + 2
+    args = trl_config(config, job, out / "trl", device, max_completion_length)
+    BucketAsyncGRPOTrainer, LogLines = _trainer_class()
+    if not device.startswith("cuda"):
+        from .trl_cpu import skip_cuda_queries
+
+        skip_cuda_queries()
+    log = LogLines(out / "metrics.jsonl", config.steps)
+    trainer = BucketAsyncGRPOTrainer(
+        model=model_path, reward_funcs=reward_funcs(config), args=args,
+        train_dataset=trl_dataset(config, task), processing_class=tokenizer,
+        peft_config=lora_config(config), callbacks=[log], bucket=bucket,
+        cpu_attention=not device.startswith("cuda"))
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # LogLines prints one line per step instead
+    if not trainer._lora_sync:
+        raise RuntimeError(f"{job.server_url} does not take LoRA adapters (TRL chose merged "
+                           "weights over NCCL): start the servers with --enable-lora and "
+                           "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1")
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    trainer.save_model(str(out / "adapter"))
+    summary = {
+        "trainer": "trl",
+        "steps": trainer.state.global_step,
+        "version": trainer.model_version,
+        "adapters_in_bucket": sorted(p.name for p in bucket.glob(f"{LORA_NAME}-v*")),
+        "final_loss": log.records[-1]["loss"] if log.records else None,
+        "reward_first": log.records[0].get("reward") if log.records else None,
+        "reward_last": log.records[-1].get("reward") if log.records else None,
+        "seconds": round(seconds, 1),
+        "bucket": str(bucket),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

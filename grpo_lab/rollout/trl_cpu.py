@@ -1,0 +1,78 @@
+"""TRL's AsyncGRPOTrainer off a GPU: its tree attention with torch's SDPA, no CUDA queries.
+
+TRL 1.16's async trainer assumes CUDA in two places; `run_trl_off_gpu` replaces both, for the
+process it is called in (TRL's files are not touched):
+
+    tree attention   FlashAttention-3 from the Hub -> `tree_attention_cpu` (below), registered
+                     under TRL's attention name, so TRL's model code is unchanged
+    MFU metrics      `get_peak_flops_per_device` asks `torch.cuda.get_device_name` -> None
+                     (TRL's own answer for an unknown device: MFU is not logged)
+
+The tree attention. TRL's `AsyncGRPOTrainer` packs a micro-batch into a prefix trie (trl.experimental.async_grpo.
+packing.TreeRow) and attends with a FlashAttention-3 kernel fetched from the Hub (`kernels`),
+which only runs on a CUDA GPU. The layout it hands the kernel, per row of N unique tokens:
+
+    tree_kv_index      (K,)    packed position of each K/V row to gather: every segment's
+                               root-to-segment path, laid end to end
+    tree_cu_seqlens_q  (S+1,)  segment s holds the queries [cu_q[s], cu_q[s+1])
+    tree_cu_seqlens_k  (S+1,)  its path is tree_kv_index[cu_k[s]:cu_k[s+1]]
+
+A segment's queries are the last tokens of its path, so the mask is causal aligned to the
+bottom-right (FlashAttention's `causal=True` when there are fewer queries than keys): query j of
+Sq sees the first Sk - Sq + j + 1 keys. `tree_attention_cpu` computes exactly that, one
+segment at a time. With nothing shared, every sample is one segment: plain causal attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def tree_attention_cpu(module, query, key, value, attention_mask, *, tree_kv_index,
+                       tree_cu_seqlens_q, tree_cu_seqlens_k, scaling=None, sliding_window=None,
+                       softcap=None, **kwargs):
+    """transformers' attention-function signature; query (1, H, N, D), key/value (1, Hkv, N, D)
+    -> ((1, N, H, D), None)."""
+    if sliding_window or softcap:
+        raise NotImplementedError("tree_attention_cpu: sliding-window and softcapped attention "
+                                  "are not supported (run on a GPU with TRL's kernel)")
+    q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))  # (N, H, D), (N, Hkv, D)
+    k, v = k.index_select(0, tree_kv_index), v.index_select(0, tree_kv_index)  # the paths
+    repeat = q.shape[1] // k.shape[1]  # grouped-query attention: KV heads shared by query heads
+    out = torch.zeros_like(q)
+    cu_q, cu_k = tree_cu_seqlens_q.tolist(), tree_cu_seqlens_k.tolist()
+    for s in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        if min(q0, q1, k0, k1) < 0 or q1 <= q0:  # padding between data-parallel rows
+            continue
+        sq, sk = q1 - q0, k1 - k0
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
+        seg = F.scaled_dot_product_attention(
+            q[q0:q1].transpose(0, 1),                                    # (H, Sq, D)
+            k[k0:k1].repeat_interleave(repeat, dim=1).transpose(0, 1),   # (H, Sk, D)
+            v[k0:k1].repeat_interleave(repeat, dim=1).transpose(0, 1),
+            attn_mask=mask, scale=scaling)
+        out[q0:q1] = seg.transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def use_cpu_tree_attention() -> None:
+    """Serve TRL's tree-attention name with `tree_attention_cpu`. TRL registers its kernel in
+    the trainer's __init__: call this after it."""
+    from transformers import AttentionInterface
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION
+
+    AttentionInterface.register(TREE_ATTENTION, tree_attention_cpu)
+
+
+def no_peak_flops(accelerator, dtype) -> None:
+    """No known peak FLOPs off a CUDA GPU: TRL then logs no MFU."""
+    return None
+
+
+def skip_cuda_queries() -> None:
+    """Before the trainer is built: TRL's MFU lookup answers None instead of asking CUDA."""
+    from trl.experimental.async_grpo import async_grpo_trainer
+
+    async_grpo_trainer.get_peak_flops_per_device = no_peak_flops
