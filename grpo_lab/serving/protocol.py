@@ -267,3 +267,12 @@ def model_card(name: str, root: str, parent: str | None, max_model_len: int | No
                         "allow_fine_tuning": False, "organization": "*", "group": None,
                         "is_blocking": False}],
     }
+
+
+async def read_json_body(request) -> object:
+    """An aiohttp request's JSON body; a 400 in vLLM's format when it is not JSON."""
+    raw = await request.read()  # raises 413 above the app's client_max_size
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise RequestError(f"Invalid JSON body: {exc}") from None

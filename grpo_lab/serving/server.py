@@ -30,7 +30,6 @@ With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM g
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import sys
@@ -51,6 +50,7 @@ from .protocol import (
     completion_response,
     model_card,
     parse_completion_request,
+    read_json_body,
 )
 from .requests import RequestGroup, Sequence, make_generator
 from .server_info import PROMETHEUS_CONTENT_TYPE, prometheus_text, vllm_config
@@ -148,10 +148,9 @@ class RolloutServer:
                        f"{self.config.max_request_bytes} bytes ({exc.text}).")
             return _json(RequestError(message, 413).as_body(), 413)
         except web.HTTPException as exc:  # FastAPI's bodies for routing errors
-            if exc.status == 404:
-                return _json({"detail": "Not Found"}, 404)
-            if exc.status == 405:
-                return _json({"detail": "Method Not Allowed"}, 405)
+            if exc.status in (404, 405):
+                return _json({"detail": {404: "Not Found", 405: "Method Not Allowed"}[exc.status]},
+                             exc.status)
             raise
         except asyncio.CancelledError:
             raise
@@ -167,13 +166,6 @@ class RolloutServer:
                 return _json({"error": "Unauthorized"}, 401)
         return await handler(request)
 
-    @staticmethod
-    async def _json_body(request) -> object:
-        raw = await request.read()  # raises 413 above client_max_size
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise RequestError(f"Invalid JSON body: {exc}") from None
 
     # ------------------------------------------------------------------ routes
 
@@ -230,7 +222,7 @@ class RolloutServer:
             self.engine.prefix_cache.drop(name)
 
     async def load_lora_adapter(self, request):
-        body = await self._json_body(request)
+        body = await read_json_body(request)
         body = body if isinstance(body, dict) else {}
         name, path = body.get("lora_name"), body.get("lora_path")
         inplace = body.get("load_inplace", False)
@@ -276,7 +268,7 @@ class RolloutServer:
         return self.lora.get(adapter.name) or adapter
 
     async def unload_lora_adapter(self, request):
-        body = await self._json_body(request)
+        body = await read_json_body(request)
         name = body.get("lora_name") if isinstance(body, dict) else None
         if name is not None and not isinstance(name, str):
             raise RequestError("'lora_name' must be a string.", param="lora_name")
@@ -295,7 +287,7 @@ class RolloutServer:
         return text
 
     async def completions(self, request):
-        req = parse_completion_request(await self._json_body(request), self.config.max_logprobs)
+        req = parse_completion_request(await read_json_body(request), self.config.max_logprobs)
         adapter = None
         if req.model and req.model != self.base_name:
             adapter = self.lora.get(req.model) if self.lora else None
