@@ -20,8 +20,9 @@ from hf_jobs_emulator import MOUNTS_ENV, HfJobsEmulator, run_job_keywords
 from huggingface_hub import HfApi
 
 from grpo_lab.jobs.hf_jobs import HfJobsLauncher
-from grpo_lab.jobs.plan import RecipeConfig, default_trainer_args, recipe_plan, wheel_install
-from grpo_lab.jobs.specs import CPU_IMAGE, package_wheel_name
+from grpo_lab.jobs.install import wheel_install
+from grpo_lab.jobs.plan import RecipeConfig, default_trainer_args, recipe_plan
+from grpo_lab.jobs.specs import package_wheel_name
 
 TOKEN = "hf_emulated_token"
 BUCKET_ID = "me/grpo-lora"
@@ -99,7 +100,7 @@ def test_the_hf_jobs_plan_trains_and_publishes_through_the_mount(tmp_path, tiny_
                     "--num-threads", "1", "--progress", "false",
                     "--local-dir", str(tmp_path / "trainer-local")]  # not /tmp: a shared host
     plan = recipe_plan(config, trainer_args=trainer_args)
-    install = wheel_install(f"{mount}/emu/wheels/{package_wheel_name()}", CPU_IMAGE)
+    install = wheel_install(f"{mount}/emu/wheels/{package_wheel_name()}", image_has_torch=False)
     emulator.substitutions = {install: "true"}  # the only change: the venv has grpo_lab
     emulator.substituted = {install: 0}
     with emulator:

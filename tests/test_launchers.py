@@ -24,6 +24,7 @@ from huggingface_hub import Volume
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
+from grpo_lab.jobs.blog import BLOG_TRAINING, PRESETS
 from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
@@ -32,21 +33,16 @@ from grpo_lab.jobs.hf_jobs import (
     package_source,
     upload_to_buckets,
 )
+from grpo_lab.jobs.install import CPU_TORCH_INDEX, wheel_install
 from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main, fill_urls
 from grpo_lab.jobs.plan import (
-    BLOG_TRAINING,
-    CPU_TORCH_INDEX,
     LOCAL_RUN_DIR,
-    PRESETS,
-    VLLM_IMAGE,
     RecipeConfig,
     max_lora_rank,
     preset_config,
     recipe_plan,
-    wheel_install,
 )
 from grpo_lab.jobs.specs import (
-    CPU_IMAGE,
     PACKAGE_WHEEL,
     BucketMount,
     JobSpec,
@@ -555,7 +551,7 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/blog/wheels/{wheel}")], TOKEN, 0)]
     script = fake.calls[2]["command"][2]
     # the mount may lag the upload: wait for the file (bounded), then install it, retried
-    assert script.startswith("set -e\n" + wheel_install(f"/lora/blog/wheels/{wheel}", VLLM_IMAGE))
+    assert script.startswith("set -e\n" + wheel_install(f"/lora/blog/wheels/{wheel}", image_has_torch=True))
     assert (f"\nfor _ in $(seq 120); do test -f /lora/blog/wheels/{wheel} && break; sleep 5; done"
             f"\nfor attempt in $(seq 5); do\n  pip install --quiet --retries 5 "
             f"/lora/blog/wheels/{wheel} && break\n") in script  # the wheel alone: no extras
@@ -563,7 +559,7 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     # with torch's CPU build (the CPU image has no torch)
     cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu", replica_flavor="cpu-upgrade")
     assert cpu["replica-0"].command[2] == (
-        "set -e\n" + wheel_install(f"/lora/cpu/wheels/{wheel}", CPU_IMAGE) + "\nexec grpo-lab serve"
+        "set -e\n" + wheel_install(f"/lora/cpu/wheels/{wheel}", image_has_torch=False) + "\nexec grpo-lab serve"
         + cpu["replica-0"].command[2].split("exec grpo-lab serve", 1)[1])
     assert f"--extra-index-url {CPU_TORCH_INDEX} /lora/cpu/wheels/{wheel}" in cpu["replica-0"].command[2]
     # an install command of your own: nothing to upload
@@ -590,7 +586,7 @@ def test_the_job_install_retries_pip_five_times(tmp_path, failures, code, calls)
     (bin_dir / "sleep").write_text("#!/bin/bash\ntrue\n")
     for tool in ("pip", "sleep"):
         (bin_dir / tool).chmod(0o755)
-    script = f"set -e\n{wheel_install(str(wheel), VLLM_IMAGE)}\necho installed\n"
+    script = f"set -e\n{wheel_install(str(wheel), image_has_torch=True)}\necho installed\n"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     pip_calls = (tmp_path / "pip-calls").read_text().splitlines()

@@ -6,7 +6,10 @@
 
 `recipe_plan()` builds it from a `RecipeConfig` (the flags of `grpo-lab launch`) for either
 backend: `local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each,
-grpo_lab installed from a wheel of this checkout carried in the bucket).
+grpo_lab installed from a wheel of this checkout carried in the bucket: grpo_lab.jobs.install).
+On HF Jobs the trainer's device follows its flavor, on a GPU it trains the blog's run
+(grpo_lab.jobs.blog, also `preset_config("blog")`), and it appends its logs to a local folder
+that it copies whole into the bucket (a bucket mount takes whole-file writes only).
 
 The vLLM replicas start as in the reference's `run_vllm_job.sh` (AmineDiro/hfjobs-lora-buckets;
 docs/recipe.md): bfloat16 weights, 85 % of the GPU by default, LoRA slots for
@@ -30,6 +33,8 @@ from ..core.argv import flag_args
 from ..proxy.process import proxy_args
 from ..serving.config import VLLM_LORA_RANKS
 from ..serving.process import GRPO_LAB, serve_args
+from .blog import BLOG_TRAINING, HF_BLOG_MODEL, PRESETS
+from .install import wheel_install
 from .specs import (
     CPU_IMAGE,
     PACKAGE_WHEEL,
@@ -45,7 +50,6 @@ from .specs import (
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
 """Replica image on GPU flavors (pinned: the version the blog's LoRA path was validated on)."""
-HF_BLOG_MODEL = "Qwen/Qwen2.5-Math-1.5B"
 
 HF_HOME = "/tmp/hf"
 """The Hub cache inside HF jobs: a path every image can write to (the reference sets the same)."""
@@ -68,26 +72,6 @@ LOCAL_RUN_DIR = "/tmp/grpo-lab-run"
 mount takes whole-file writes only (hf-mount's default write mode: a file is written once from
 the start, or overwritten whole; no append, no seek), so train-async's `--local-dir` copies them
 whole into the run's folder of the bucket at each checkpoint and at the end."""
-
-BLOG_TRAINING = {
-    "dataset": "sail/Sanity-Test-R1D-1.5B",  # the reference's 1,460 MATH problems (20-80 % solved)
-    "answer_column": "reward_model.ground_truth",  # a nested column, read flattened
-    "reward": "math_answer",  # the last \boxed{} answer against the reference
-    "learning_rate": 4e-5, "lr_scheduler_type": "constant",
-    "num_generations": 8, "prompts_per_step": 16,  # G = 8, 128 completions per step
-    "max_new_tokens": "{max_completion_length}",  # 3,000 tokens
-    "temperature": 1.0,
-    "weight_sync_steps": 4,
-    "buffer_size": 64,  # groups: max_staleness (4) steps of 16 prompts, the reference's queue
-    "request_shape": "single", "max_inflight": 128,  # TRL's n = 1 requests, its in-flight cap
-    "token_budget": 16384,  # micro-batches of 16k tokens: 128 x 4k tokens do not fit at once
-    "steps": 500, "checkpoint_every": 20,
-    "eval_every": 0, "eval_size": 128,  # greedy held-out accuracy before and after only
-}
-"""The trainer's settings on GPU flavors: the blog's run (docs/recipe.md, "The blog's run as
-`--preset blog`"), as `grpo-lab train-async` flags. CPU flavors and the local backend keep
-train-async's CPU-sized defaults (the tiny model on its synthetic task)."""
-
 
 def default_trainer_args(backend: str, gpu: bool = False) -> tuple[str, ...]:
     """The trainer's `grpo-lab` arguments when none are given: DEFAULT_TRAINER_ARGS, plus on HF
@@ -150,23 +134,12 @@ class RecipeConfig:
     install: str | None = None
     """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
     checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
-    installed from the mount. Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
+    installed from the mount (core dependencies only, retried: grpo_lab.jobs.install). Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
     `true` for an image that already has it."""
     run_name: str | None = None
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0
     """Local backend: how long to wait for each server's /health."""
-
-
-PRESETS: dict[str, dict] = {
-    "blog": dict(backend="hf-jobs", base_model=HF_BLOG_MODEL, replicas=2, lora_rank=1,
-                 max_staleness=4, max_prompt_length=1096, max_completion_length=3000,
-                 gpu_memory_utilization=0.85, replica_flavor="h200", trainer_flavor="h200",
-                 timeout="4h"),
-}
-"""Named runs for `grpo-lab launch --preset NAME`, as RecipeConfig fields. `blog`: the blog's run
-(docs/recipe.md, "The blog's run as `--preset blog`"); on its GPU flavors the trainer gets
-BLOG_TRAINING. Its trainer is one H200 (the reference trains on h200x2 with FSDP2)."""
 
 
 def preset_config(name: str, **fields) -> RecipeConfig:
@@ -303,31 +276,6 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     return RunPlan(jobs, name=run_name, backend="local")
 
 
-PIP_ATTEMPTS = 5
-"""Times a job tries `pip install` (each with pip's own `--retries 5` per download): an index
-that rate-limits the jobs' addresses must not lose the job, as in the reference's scripts."""
-
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-"""Where a CPU image (no torch of its own) gets torch's CPU build, not the much larger CUDA one."""
-
-
-def wheel_install(wheel: str, image: str) -> str:
-    """Shell lines that install the grpo_lab wheel at `wheel` (a path on the bucket mount).
-
-    Core dependencies only (`pip install <wheel>`, no extras: no notebook stack, no torch pin),
-    so the vLLM image keeps its own torch. The mount may show the uploaded file some seconds
-    late: wait for it (10 min at most). Then up to PIP_ATTEMPTS tries, 30 s apart."""
-    index = "" if image == VLLM_IMAGE else f" --extra-index-url {CPU_TORCH_INDEX}"
-    return "\n".join([
-        f"for _ in $(seq 120); do test -f {wheel} && break; sleep 5; done",
-        f"for attempt in $(seq {PIP_ATTEMPTS}); do",
-        f"  pip install --quiet --retries 5{index} {wheel} && break",
-        f'  [ "$attempt" = {PIP_ATTEMPTS} ] && exit 1',
-        f'  echo "pip install failed (attempt $attempt of {PIP_ATTEMPTS}); retrying in 30 s"; sleep 30',
-        "done",
-    ])
-
-
 def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -> RunPlan:
     if not (cfg.bucket or "").startswith("hf://buckets/"):
         raise ValueError("HF Jobs need a Storage Bucket: bucket='hf://buckets/<owner>/<bucket>'")
@@ -352,7 +300,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         else:  # a CPU job: install grpo_lab, then serve
             serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", replica_port,
                                                                     cfg, mount)])
-            setup = install or wheel_install(f"{mount}/{wheel}", CPU_IMAGE)
+            setup = install or wheel_install(f"{mount}/{wheel}", image_has_torch=False)
             command, image = ["bash", "-c", f"set -e\n{setup}\nexec {serve}\n"], CPU_IMAGE
         jobs.append(JobSpec(
             name=f"replica-{i}", command=command, env=dict(env), secrets=["HF_TOKEN"],
@@ -373,7 +321,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
                             device="cuda" if is_gpu_flavor(trainer_flavor) else "cpu")
     script = "\n".join([
         "set -e",
-        install or wheel_install(f"{mount}/{wheel}", trainer_image),
+        install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         "exec " + shlex.join(["grpo-lab", *trainer]),
