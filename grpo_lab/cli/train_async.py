@@ -14,8 +14,8 @@ after, evaluated here, in the trainer process). Adapters `policy-v{N}` go to the
 **On a bucket mount** (`--local-dir`): a mounted Storage Bucket takes whole-file writes only
 (hf-mount's default mode writes a file once, from its start, or overwrites it whole: no append,
 no seek). The logs, appended line by line, are then kept in `--local-dir` and copied whole into
-the run folder at every checkpoint and at the end, with `config.json`, `summary.json` and the
-final `adapter/`; a restarted job first copies them back. Adapters and checkpoints are written
+the run folder at every checkpoint (`syncs.jsonl` at every sync) and at the end, with
+`config.json`, `summary.json` and the final `adapter/`; a restarted job first copies them back. Adapters and checkpoints are written
 as new files in new folders, which a mount takes as they are.
 
 **Resume** (`--resume`, e.g. after a preemption): load the newest checkpoint (adapter, optimizer,
@@ -103,16 +103,19 @@ class TrainAsyncJobConfig:
 
 
 class LoggedHTTPGenerator(HTTPGenerator):
-    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done."""
+    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done (and
+    copies the file whole into `published_dir`, if given: a sync log on a bucket mount)."""
 
-    def __init__(self, *args, log_path: Path, **kwargs):
+    def __init__(self, *args, log_path: Path, published_dir: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.log_path = log_path
+        self.log_path, self.published_dir = log_path, published_dir
 
     def publish(self, model, version: int) -> None:
         super().publish(model, version)
         with self.log_path.open("a") as f:
             f.write(json.dumps(self.syncs[-1]) + "\n")
+        if self.published_dir is not None:
+            copy_whole(self.log_path.parent, self.published_dir, names=(self.log_path.name,))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -201,6 +204,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     generator = LoggedHTTPGenerator(job.server_url, bucket, api_key=job.api_key,
                                     max_staleness=config.max_staleness, seed=config.seed,
                                     log_path=out / "syncs.jsonl", retries=job.request_retries,
+                                    published_dir=published if out != published else None,
                                     max_inflight=job.max_inflight,
                                     request_shape=job.request_shape)
     try:
