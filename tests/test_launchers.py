@@ -24,6 +24,7 @@ from huggingface_hub import Volume
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
+from grpo_lab.cli.train_async import TrainAsyncJobConfig
 from grpo_lab.jobs.blog import BLOG_TRAINING, PRESETS
 from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
@@ -51,6 +52,7 @@ from grpo_lab.jobs.specs import (
     package_wheel_name,
 )
 from grpo_lab.observe.dashboard import _router_counters, proxy_stats
+from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.serving.config import ServeConfig
 from grpo_lab.serving.process import group_members, is_alive
 
@@ -606,6 +608,12 @@ def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
 
     gpu = trainer_flags(blog_plan())
     assert gpu["--device"] == "cuda" and gpu["--local-dir"] == LOCAL_RUN_DIR
+    # train-async takes every flag and every value (its configs validate at construction)
+    argv = shlex.split(blog_plan()["trainer"].command[2].splitlines()[-1])[2:]
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args, AsyncGRPOConfig)
+    assert config_from_args(args, TrainAsyncJobConfig).local_dir == LOCAL_RUN_DIR
+    assert (config.loss_type, config.weight_sync_steps, config.token_budget) == ("dapo", 4, 16384)
     assert {k: gpu[k] for k in ("--dataset", "--learning-rate", "--max-new-tokens",
                                 "--weight-sync-steps")} == {
         "--dataset": "sail/Sanity-Test-R1D-1.5B", "--learning-rate": "4e-05",

@@ -15,6 +15,7 @@ BLOG_TRAINING = {
     "answer_column": "reward_model.ground_truth",  # a nested column, read flattened
     "reward": "math_answer",  # the last \boxed{} answer against the reference
     "learning_rate": 4e-5, "lr_scheduler_type": "constant",
+    "loss_type": "dapo",  # TRL's AsyncGRPOTrainer divides the loss by the batch's token count
     "num_generations": 8, "prompts_per_step": 16,  # G = 8, 128 completions per step
     "max_new_tokens": "{max_completion_length}",  # 3,000 tokens
     "temperature": 1.0,
@@ -22,6 +23,7 @@ BLOG_TRAINING = {
     "buffer_size": 64,  # groups: max_staleness (4) steps of 16 prompts, the reference's queue
     "request_shape": "single", "max_inflight": 128,  # TRL's n = 1 requests, its in-flight cap
     "token_budget": 16384,  # micro-batches of 16k tokens: 128 x 4k tokens do not fit at once
+    "gradient_checkpointing": False,  # off, as in the blog's fastest run
     "steps": 500, "checkpoint_every": 20,
     "eval_every": 0, "eval_size": 128,  # greedy held-out accuracy before and after only
 }
