@@ -22,6 +22,15 @@ def test_every_config_field_has_a_docstring_and_a_flag():
     assert cfg.steps == 7 and cfg.use_lora is False and cfg.lora_alpha == 4.0
 
 
+@pytest.mark.parametrize("command", ["train", "train-async", "serve", "proxy", "launch"])
+def test_every_subcommand_prints_its_help(command, capsys):
+    """argparse %-formats help text: a docstring with a literal % ("~30 % more time") must
+    not break `--help`."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    assert exit_.value.code == 0 and "--" in capsys.readouterr().out
+
+
 def test_bad_input_gives_a_clear_error_and_status_2(capsys):
     assert main(["train", "--task", "chess"]) == 2
     assert "unknown task 'chess'" in capsys.readouterr().err

@@ -86,6 +86,21 @@ def test_conversational_prompts_are_kept_as_is(tmp_path):
     assert task.sample(random.Random(0)).prompt[0] == CHAT[0]
 
 
+def test_a_dotted_answer_column_reads_a_nested_field(tmp_path):
+    """The blog's data (sail/Sanity-Test-R1D-1.5B) keeps the answer in a struct:
+    `reward_model.ground_truth`, beside a conversational prompt."""
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+2? Box it."}],
+             "reward_model": {"ground_truth": str(i + 2), "style": "rule"}} for i in range(10)]
+    task = load_dataset_task(_write_jsonl(tmp_path / "math.jsonl", rows),
+                             answer_column="reward_model.ground_truth")
+    problems = task.eval_set() + task.train_set()
+    assert sorted((p.prompt[0]["content"], p.answer) for p in problems) == \
+        sorted((r["prompt"][0]["content"], r["reward_model"]["ground_truth"]) for r in rows)
+    with pytest.raises(ValueError, match="reward_model.ground_truth"):
+        load_dataset_task(_write_jsonl(tmp_path / "flat.jsonl", _rows(5)),
+                          answer_column="reward_model.ground_truth")
+
+
 def test_eval_fraction_is_disjoint_deterministic_and_capped(tmp_path):
     path = _write_jsonl(tmp_path / "p.jsonl", _rows(200))
     task = load_dataset_task(path, eval_fraction=0.25, eval_size=30, seed=7)

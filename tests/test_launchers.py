@@ -15,6 +15,7 @@ import textwrap
 import time
 import urllib.request
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,8 @@ from huggingface_hub import Volume
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
+from grpo_lab.cli.train_async import TrainAsyncJobConfig
+from grpo_lab.jobs.blog import BLOG_TRAINING, PRESETS
 from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
@@ -31,8 +34,15 @@ from grpo_lab.jobs.hf_jobs import (
     package_source,
     upload_to_buckets,
 )
+from grpo_lab.jobs.install import CPU_TORCH_INDEX, wheel_install
 from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main, fill_urls
-from grpo_lab.jobs.plan import RecipeConfig, max_lora_rank, recipe_plan
+from grpo_lab.jobs.plan import (
+    LOCAL_RUN_DIR,
+    RecipeConfig,
+    max_lora_rank,
+    preset_config,
+    recipe_plan,
+)
 from grpo_lab.jobs.specs import (
     PACKAGE_WHEEL,
     BucketMount,
@@ -42,6 +52,7 @@ from grpo_lab.jobs.specs import (
     package_wheel_name,
 )
 from grpo_lab.observe.dashboard import _router_counters, proxy_stats
+from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.serving.config import ServeConfig
 from grpo_lab.serving.process import group_members, is_alive
 
@@ -545,17 +556,142 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     wheel = package_wheel_name()
     assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/blog/wheels/{wheel}")], TOKEN, 0)]
     script = fake.calls[2]["command"][2]
-    # the mount may lag the upload: wait for the file (bounded), then install it
+    # the mount may lag the upload: wait for the file (bounded), then install it, retried
+    assert script.startswith("set -e\n" + wheel_install(f"/lora/blog/wheels/{wheel}", image_has_torch=True))
     assert (f"\nfor _ in $(seq 120); do test -f /lora/blog/wheels/{wheel} && break; sleep 5; done"
-            f"\npip install --quiet /lora/blog/wheels/{wheel}\n") in script
-    # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount
+            f"\nfor attempt in $(seq 5); do\n  pip install --quiet --retries 5 "
+            f"/lora/blog/wheels/{wheel} && break\n") in script  # the wheel alone: no extras
+    # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount,
+    # with torch's CPU build (the CPU image has no torch)
     cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu", replica_flavor="cpu-upgrade")
-    assert f"pip install --quiet /lora/cpu/wheels/{wheel}\nexec grpo-lab serve" in cpu["replica-0"].command[2]
+    assert cpu["replica-0"].command[2] == (
+        "set -e\n" + wheel_install(f"/lora/cpu/wheels/{wheel}", image_has_torch=False) + "\nexec grpo-lab serve"
+        + cpu["replica-0"].command[2].split("exec grpo-lab serve", 1)[1])
+    assert f"--extra-index-url {CPU_TORCH_INDEX} /lora/cpu/wheels/{wheel}" in cpu["replica-0"].command[2]
     # an install command of your own: nothing to upload
     own = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="own",
                       install="pip install git+https://github.com/me/grpo_lab")
     assert own.uploads == [] and "\npip install git+https://github.com/me/grpo_lab\n" in \
         own["trainer"].command[2]
+
+
+@pytest.mark.parametrize("failures, code, calls", [(2, 0, 3), (9, 1, 5)])
+def test_the_job_install_retries_pip_five_times(tmp_path, failures, code, calls):
+    """The install lines in bash, with a `pip` that fails `failures` times (and a `sleep` that
+    returns at once): it succeeds on a later attempt, or gives up after five with an error."""
+    wheel = tmp_path / "mount" / package_wheel_name()
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"wheel")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        echo "$@" >> {tmp_path / "pip-calls"}
+        [ "$(wc -l < {tmp_path / "pip-calls"})" -gt {failures} ]
+    """))
+    (bin_dir / "sleep").write_text("#!/bin/bash\ntrue\n")
+    for tool in ("pip", "sleep"):
+        (bin_dir / tool).chmod(0o755)
+    script = f"set -e\n{wheel_install(str(wheel), image_has_torch=True)}\necho installed\n"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    pip_calls = (tmp_path / "pip-calls").read_text().splitlines()
+    assert (out.returncode, len(pip_calls)) == (code, calls), out.stdout + out.stderr
+    assert pip_calls[0] == f"install --quiet --retries 5 {wheel}"
+    assert ("installed" in out.stdout) == (code == 0)
+
+
+def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
+    """GPU trainer: `--device cuda` and the blog's training; CPU: `--device cpu` and
+    train-async's CPU-sized defaults; on HF Jobs the logs go to a local folder (the mount takes
+    whole files); locally nothing changes."""
+    def trainer_flags(plan):
+        command = plan["trainer"].command
+        argv = shlex.split(command[2].splitlines()[-1]) if command[:2] == ["bash", "-c"] else command
+        return flag_values(argv)
+
+    gpu = trainer_flags(blog_plan())
+    assert gpu["--device"] == "cuda" and gpu["--local-dir"] == LOCAL_RUN_DIR
+    # train-async takes every flag and every value (its configs validate at construction)
+    argv = shlex.split(blog_plan()["trainer"].command[2].splitlines()[-1])[2:]
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args, AsyncGRPOConfig)
+    assert config_from_args(args, TrainAsyncJobConfig).local_dir == LOCAL_RUN_DIR
+    assert (config.loss_type, config.weight_sync_steps, config.token_budget) == ("dapo", 4, 16384)
+    assert {k: gpu[k] for k in ("--dataset", "--learning-rate", "--max-new-tokens",
+                                "--weight-sync-steps")} == {
+        "--dataset": "sail/Sanity-Test-R1D-1.5B", "--learning-rate": "4e-05",
+        "--max-new-tokens": "3000", "--weight-sync-steps": "4"}
+    assert trainer_flags(recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r",
+                                     max_completion_length=512))["--max-new-tokens"] == "512"
+    cpu = trainer_flags(recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r",
+                                    trainer_flavor="cpu-upgrade"))
+    assert cpu["--device"] == "cpu" and cpu["--local-dir"] == LOCAL_RUN_DIR
+    assert not {"--dataset", "--learning-rate", "--max-new-tokens"} & set(cpu)
+    local = trainer_flags(recipe_plan(bucket=str(tmp_path), run_name="r"))
+    assert local["--device"] == "auto" and "--local-dir" not in local
+
+
+# --------------------------------------------------------------------------------- --preset blog
+
+def recipe_table() -> list[dict[str, str]]:
+    """The rows of docs/recipe.md's table "The blog's run as `--preset blog`"."""
+    text = (Path(__file__).parents[1] / "docs" / "recipe.md").read_text()
+    section = text.split("### The blog's run as `--preset blog`", 1)[1].split("\n### ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip().strip("`") for c in line.strip("|").split("|"))))
+            for line in lines[2:]]
+    assert header == ["setting", "the blog (reference scripts)", "job", "flag", "value"] and rows
+    return rows
+
+
+def same_value(written: str, actual) -> bool:
+    try:
+        return float(written) == float(actual)
+    except (TypeError, ValueError):
+        return written == str(actual)
+
+
+def test_preset_blog_matches_the_table_in_docs_recipe():
+    """Every value of the table is what `--preset blog` passes, and every value the preset sets
+    has its row."""
+    config = preset_config("blog", bucket=BUCKET, run_name="blog")
+    plan = recipe_plan(config)
+    trainer = flag_values(shlex.split(plan["trainer"].command[2].splitlines()[-1]))
+    replica = flag_values(plan["replica-0"].command)
+    rows = recipe_table()
+    launch = {"--" + f.replace("_", "-"): v for f, v in asdict(config).items()}
+    for row in rows:
+        actual = {"launch": launch, "trainer": trainer, "replicas": replica}[row["job"]][row["flag"]]
+        assert same_value(row["value"], actual), (row, actual)
+    flags = {(row["job"], row["flag"]) for row in rows}
+    assert {("launch", "--" + f.replace("_", "-")) for f in PRESETS["blog"]} <= flags
+    assert {("trainer", "--" + f.replace("_", "-")) for f in BLOG_TRAINING} <= flags
+    assert [job.flavor for job in plan.jobs] == ["h200", "h200", "h200"]
+
+
+def test_preset_blog_dry_run_prints_bash_that_calls_python3(capsys):
+    """`grpo-lab launch --backend hf-jobs --preset blog --dry-run`: no bucket needed; every
+    command passes `bash -n` and calls `python3`, never `python`; a flag replaces the preset's."""
+    assert main(["launch", "--backend", "hf-jobs", "--preset", "blog", "--dry-run",
+                 "--run-name", "blog"]) == 0
+    out = capsys.readouterr().out
+    lines = out.split("\n\n", 1)[1]  # after the plan: the `hf jobs run` lines
+    checked = subprocess.run(["bash", "-n", "-c", lines], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert out.count("hf jobs run --detach") == 3 and "vllm serve Qwen/Qwen2.5-Math-1.5B" in out
+    assert "--learning-rate 4e-05" in out and "--device cuda" in out
+    plan = recipe_plan(preset_config("blog", bucket="hf://buckets/x/y", run_name="blog"))
+    for job in plan.jobs:
+        text = job.command[2] if job.command[:2] == ["bash", "-c"] else shlex.join(job.command)
+        assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0, job.name
+        assert not re.search(r"(^|[\s;&|(`])python(\s|$)", text), (job.name, text)
+    assert "python3 -m grpo_lab.jobs.local wait-healthy" in plan["trainer"].command[2]
+    assert main(["launch", "--preset", "blog", "--replicas", "3", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("hf jobs run --detach") == 4
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset_config("blogg")
 
 
 def test_hf_jobs_a_failed_upload_submits_nothing():

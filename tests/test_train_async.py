@@ -102,14 +102,19 @@ def test_request_shape_is_a_train_async_flag():
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_finishes_without_version_gap(server, tmp_path):
+    """As on HF Jobs (the run folder on a bucket mount): logs in a --local-dir, copied whole
+    into the run folder; the restarted job, on a fresh machine, has an empty --local-dir."""
     out, steps = tmp_path / "run", 24
+    first_local = tmp_path / "first-local"
     log = (tmp_path / "first.log").open("wb")
-    proc = subprocess.Popen(trainer_command(server.url, out, steps, "--checkpoint-every", "3"),
+    proc = subprocess.Popen(trainer_command(server.url, out, steps, "--checkpoint-every", "3",
+                                            "--local-dir", str(first_local)),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while True:  # kill once a checkpoint exists and a few steps were done after it
-            done = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+            metrics = first_local / "metrics.jsonl"
+            done = read_jsonl(metrics) if metrics.exists() else []
             if done and done[-1]["step"] >= 8:
                 break
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
@@ -123,11 +128,13 @@ def test_sigkill_mid_run_then_resume_finishes_without_version_gap(server, tmp_pa
             proc.wait(timeout=30)
         log.close()
     assert proc.returncode == -signal.SIGKILL
-    killed_at = read_jsonl(out / "metrics.jsonl")[-1]["step"]
+    killed_at = read_jsonl(first_local / "metrics.jsonl")[-1]["step"]
     assert killed_at < steps
+    published = read_jsonl(out / "metrics.jsonl")  # as of the last checkpoint
+    assert published[-1]["step"] % 3 == 0 and published[-1]["step"] <= killed_at
 
     result = subprocess.run(trainer_command(server.url, out, steps, "--checkpoint-every", "3",
-                                            "--resume"),
+                                            "--resume", "--local-dir", str(tmp_path / "new")),
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

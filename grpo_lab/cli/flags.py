@@ -58,7 +58,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict |
         kind = _scalar_type(f.type)
         parser.add_argument(
             f"--{f.name.replace('_', '-')}", dest=f.name, default=default,
-            help=f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%"),  # argparse
+            # argparse %-formats help text: a literal % (e.g. "~30 % more time") is doubled
+            help=f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%"),
             **(BOOL_FLAG if kind is bool else {"type": kind}),
         )
 

@@ -4,6 +4,7 @@ printed (--dry-run), run here or submitted to Hugging Face Jobs.
     grpo-lab launch --dry-run                        the local plan and its shell lines
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
     grpo-lab launch --cancel RUN                     cancel every HF job of a run
+    grpo-lab launch --preset blog --dry-run         the blog's run (docs/recipe.md) on HF Jobs
 
 The local backend runs the jobs with `LocalLauncher` (grpo_lab.jobs.local) until the trainer exits;
 hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs), then follows the run and
@@ -16,12 +17,13 @@ import argparse
 import json
 import signal
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
 from ..jobs.follow import cancel_run, launch_hf_jobs
 from ..jobs.hf_jobs import hf_jobs_commands
 from ..jobs.local import LaunchError, LocalLauncher, local_commands
-from ..jobs.plan import RecipeConfig, recipe_plan
+from ..jobs.plan import PRESETS, RecipeConfig, preset_config, recipe_plan
 from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
 
 
@@ -44,6 +46,10 @@ def add_launch_parser(sub) -> None:
                              "jobs bill until they end or time out; `--cancel RUN` stops them)")
     launch.add_argument("--cancel", default=None, metavar="RUN",
                         help="hf-jobs: cancel every job of run RUN that still bills, then exit")
+    launch.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="a named run (grpo_lab.jobs.plan.PRESETS; `blog`: the blog's run, "
+                             "docs/recipe.md); flags set to other values than their defaults "
+                             "replace the preset's")
     launch.add_argument("trainer_args", nargs="*",
                         help="after `--`: the trainer's grpo-lab arguments, with {model}, "
                              "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness} filled in")
@@ -58,10 +64,26 @@ def launch_main(args: argparse.Namespace) -> int:
         return 1
 
 
+DRY_RUN_BUCKET = "hf://buckets/<you>/grpo-lab"
+"""The bucket a dry run shows when none is given."""
+
+
+def _changed_fields(config: RecipeConfig) -> dict:
+    """The fields whose value is not RecipeConfig's default (the flags given on the command line)."""
+    default = RecipeConfig()
+    return {f.name: getattr(config, f.name) for f in fields(RecipeConfig)
+            if getattr(config, f.name) != getattr(default, f.name)}
+
+
 def _launch(args: argparse.Namespace) -> int:
     if args.cancel:
         return cancel_run(args.cancel, namespace=args.namespace)
     config = config_from_args(args, RecipeConfig)
+    if args.preset:
+        config = preset_config(args.preset, **_changed_fields(config))
+    if args.dry_run and config.backend == "hf-jobs" and not config.bucket:
+        config = replace(config, bucket=DRY_RUN_BUCKET)
+        print(f"(no --bucket given: shown with {DRY_RUN_BUCKET})")
     extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
     plan = recipe_plan(config, **extra)
     run_dir = Path(args.run_dir or Path("runs") / plan.name)

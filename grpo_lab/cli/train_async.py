@@ -11,6 +11,13 @@ each stage, bytes), the final `adapter/` and `summary.json` (greedy held-out acc
 after, evaluated here, in the trainer process). Adapters `policy-v{N}` go to the bucket
 (`--bucket`, default `<output-dir>/adapters`).
 
+**On a bucket mount** (`--local-dir`): a mounted Storage Bucket takes whole-file writes only
+(hf-mount's default mode writes a file once, from its start, or overwrites it whole: no append,
+no seek). The logs, appended line by line, are then kept in `--local-dir` and copied whole into
+the run folder at every checkpoint (`syncs.jsonl` at every sync) and at the end, with
+`config.json`, `summary.json` and the final `adapter/`; a restarted job first copies them back. Adapters and checkpoints are written
+as new files in new folders, which a mount takes as they are.
+
 **Resume** (`--resume`, e.g. after a preemption): load the newest checkpoint (adapter, optimizer,
 step, version, RNGs), drop the metrics logged after it, unload every adapter of this name that
 the servers still hold (they may come from steps the checkpoint does not have; a fresh run does
@@ -25,9 +32,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
@@ -67,6 +75,10 @@ class TrainAsyncJobConfig:
     counts its cap."""
     api_key_env: str | None = None
     """Environment variable holding the servers' bearer token."""
+    local_dir: str | None = None
+    """A local folder for the logs appended every step (metrics, syncs, completions), copied
+    whole into --output-dir at each checkpoint and at the end: for an --output-dir on a bucket
+    mount, which takes no appends (None = write in --output-dir directly)."""
 
     def __post_init__(self):
         if not self.server_url:
@@ -91,16 +103,19 @@ class TrainAsyncJobConfig:
 
 
 class LoggedHTTPGenerator(HTTPGenerator):
-    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done."""
+    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done (and
+    copies the file whole into `published_dir`, if given: a sync log on a bucket mount)."""
 
-    def __init__(self, *args, log_path: Path, **kwargs):
+    def __init__(self, *args, log_path: Path, published_dir: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.log_path = log_path
+        self.log_path, self.published_dir = log_path, published_dir
 
     def publish(self, model, version: int) -> None:
         super().publish(model, version)
         with self.log_path.open("a") as f:
             f.write(json.dumps(self.syncs[-1]) + "\n")
+        if self.published_dir is not None:
+            copy_whole(self.log_path.parent, self.published_dir, names=(self.log_path.name,))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -116,6 +131,20 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict]:
     kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     return kept
+
+
+LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json")
+"""What the trainer writes into its run folder while it trains (the rest is written once, at
+the end: `adapter/`, `summary.json`)."""
+
+
+def copy_whole(source: Path, destination: Path, names=LOG_FILES) -> None:
+    """Copy each of `names` that exists in `source` into `destination` as a whole new file
+    (open, write from the start, close), the one kind of write a bucket mount takes."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, destination / name)
 
 
 def _reset_live_versions(generator: HTTPGenerator, bucket: AdapterBucket) -> list[str]:
@@ -136,9 +165,22 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     if not config.use_lora:
         raise ValueError("train-async syncs adapters through the bucket: it needs use_lora")
     resume, prefix = job.resume, job.adapter_prefix
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bucket = AdapterBucket(job.bucket or out / "adapters", prefix=prefix,
+    published = Path(config.output_dir)  # the run folder others read (on a bucket mount)
+    published.mkdir(parents=True, exist_ok=True)
+    if job.local_dir:  # logs appended here, copied whole to `published` (see the docstring)
+        out = Path(job.local_dir)
+        for name in LOG_FILES:  # this run's logs only: a restarted job's so far, if any
+            (out / name).unlink(missing_ok=True)
+        copy_whole(published, out)
+        config = replace(config, output_dir=str(out))
+    else:
+        out = published
+
+    def publish_logs() -> None:
+        if out != published:
+            copy_whole(out, published)
+
+    bucket = AdapterBucket(job.bucket or published / "adapters", prefix=prefix,
                            max_staleness=config.max_staleness)
     checkpoints = Checkpoints(bucket.root / "checkpoints", keep=job.keep_checkpoints)
     latest = checkpoints.latest() if resume else None
@@ -162,6 +204,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     generator = LoggedHTTPGenerator(job.server_url, bucket, api_key=job.api_key,
                                     max_staleness=config.max_staleness, seed=config.seed,
                                     log_path=out / "syncs.jsonl", retries=job.request_retries,
+                                    published_dir=published if out != published else None,
                                     max_inflight=job.max_inflight,
                                     request_shape=job.request_shape)
     try:
@@ -199,6 +242,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
                 # Counters at a step boundary: what is in the buffer now is not trained yet.
                 checkpoints.save(trainer, {"counters": totals(),
                                            "accuracy_before": accuracy_before()})
+                publish_logs()  # the logs up to this checkpoint, what a resume keeps
 
         def accuracy_before():
             history = trainer.accuracy_history
@@ -227,6 +271,11 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
             "bucket": str(bucket.root),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        if out != published:
+            publish_logs()
+            copy_whole(out, published, names=("summary.json",))
+            if (out / "adapter").is_dir():
+                shutil.copytree(out / "adapter", published / "adapter", dirs_exist_ok=True)
         return summary
     finally:
         generator.close()

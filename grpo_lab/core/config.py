@@ -42,7 +42,8 @@ class GRPOConfig:
     prompt_column: str | None = None
     """Column holding the prompt, text or a conversation (None = `prompt`, else `question`)."""
     answer_column: str = "answer"
-    """Column holding the reference answer the reward compares against."""
+    """Column holding the reference answer the reward compares against; a dotted name reads a
+    nested field (`reward_model.ground_truth`)."""
     reward: str = "exact_match"
     """Reward functions, comma separated: `exact_match`, `math_answer`, `format`, or
     `module:function` from your code; the first is what evaluation counts

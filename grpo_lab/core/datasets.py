@@ -5,7 +5,8 @@ is a fixed list of rows. `DatasetTask` gives those rows the same `Task` interfac
 
     rows       one `Problem` per row: the prompt column (text, or a conversation in TRL's
                format, a list of {"role", "content"} messages, kept as is) and the answer
-               column (text; a number becomes text)
+               column (text; a number becomes text). A dotted name reads a nested field
+               (`reward_model.ground_truth`, as in verl-style math sets)
     held out   a separate split when one is named (`eval_split`: "test" of a hub dataset or a
                folder, or a second file), else a fixed share of the rows (`eval_fraction`),
                shuffled by a seed, so the same rows are held out on every run. At most
@@ -187,6 +188,8 @@ def _problems(rows, where: str, prompt_column: str | None, answer_column: str) -
     """The rows as Problems, each prompt and answer checked (`where[i]` names a bad row)."""
     if len(rows) == 0:
         raise ValueError(f"{where} holds no rows")
+    if any("." in c and c not in rows.column_names for c in (prompt_column, answer_column) if c):
+        rows = rows.flatten()  # nested fields as columns: `reward_model.ground_truth`
     columns = rows.column_names
     if prompt_column is None:
         prompt_column = next((c for c in PROMPT_COLUMNS if c in columns), None)

@@ -131,7 +131,9 @@ class HfJobsLauncher:
 
     `run_job` and `cancel_job` default to huggingface_hub's (they need a token and the network);
     pass fakes to test (and `upload`, which puts the plan's uploads into the bucket before the
-    first job: `upload_to_buckets` by default). A job's `{url:<job>}` placeholders become the exposed URL of that job.
+    first job: `upload_to_buckets` by default; and `exposed_url`, where a job's port is reached
+    from its id, for a stand-in that runs the jobs elsewhere: tests/hf_jobs_emulator.py).
+    A job's `{url:<job>}` placeholders become the exposed URL of that job.
     Secret values are read from `environ` (default: os.environ, plus your saved HF token for
     HF_TOKEN) at submission; all must be present before the first job is submitted.
     """
@@ -139,9 +141,11 @@ class HfJobsLauncher:
     def __init__(self, plan: RunPlan, *, run_job: Callable[..., Any] | None = None,
                  cancel_job: Callable[..., Any] | None = None, namespace: str | None = None,
                  environ: dict[str, str] | None = None,
-                 upload: Callable[..., Any] = upload_to_buckets):
+                 upload: Callable[..., Any] = upload_to_buckets,
+                 exposed_url: Callable[[str, int], str] | None = None):
         self.plan, self.namespace = plan, namespace
         self._upload = upload
+        self._exposed_url = exposed_url
         self._run_job, self._cancel_job = run_job, cancel_job
         self._environ = environ
         self.jobs: dict[str, Any] = {}  # name -> JobInfo
@@ -200,7 +204,8 @@ class HfJobsLauncher:
                 info = self._run_job(**self.run_job_kwargs(job, secrets))
                 self.jobs[job.name] = info
                 if job.ports:
-                    self.urls[job.name] = self._url(info, job.ports[0])
+                    self.urls[job.name] = (self._exposed_url(info.id, job.ports[0])
+                                           if self._exposed_url else self._url(info, job.ports[0]))
         except BaseException as exc:
             self.cancel()
             if isinstance(exc, Exception) and not isinstance(exc, LaunchError):

@@ -6,7 +6,10 @@
 
 `recipe_plan()` builds it from a `RecipeConfig` (the flags of `grpo-lab launch`) for either
 backend: `local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each,
-grpo_lab installed from a wheel of this checkout carried in the bucket).
+grpo_lab installed from a wheel of this checkout carried in the bucket: grpo_lab.jobs.install).
+On HF Jobs the trainer's device follows its flavor, on a GPU it trains the blog's run
+(grpo_lab.jobs.blog, also `preset_config("blog")`), and it appends its logs to a local folder
+that it copies whole into the bucket (a bucket mount takes whole-file writes only).
 
 The vLLM replicas start as in the reference's `run_vllm_job.sh` (AmineDiro/hfjobs-lora-buckets;
 docs/recipe.md): bfloat16 weights, 85 % of the GPU by default, LoRA slots for
@@ -26,9 +29,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core.argv import flag_args
 from ..proxy.process import proxy_args
 from ..serving.config import VLLM_LORA_RANKS
 from ..serving.process import GRPO_LAB, serve_args
+from .blog import BLOG_TRAINING, HF_BLOG_MODEL, PRESETS
+from .install import wheel_install
 from .specs import (
     CPU_IMAGE,
     PACKAGE_WHEEL,
@@ -44,7 +50,6 @@ from .specs import (
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
 """Replica image on GPU flavors (pinned: the version the blog's LoRA path was validated on)."""
-HF_BLOG_MODEL = "Qwen/Qwen2.5-Math-1.5B"
 
 HF_HOME = "/tmp/hf"
 """The Hub cache inside HF jobs: a path every image can write to (the reference sets the same)."""
@@ -55,10 +60,26 @@ WHEELS_DIR = "wheels"
 DEFAULT_TRAINER_ARGS = (
     "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
     "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
-    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters", "--resume",
+    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
+    "--device", "{device}", "--resume",
 )
 """`grpo-lab train-async` (grpo_lab.cli.train_async). `--resume` makes a restarted trainer job (a
-preemption) continue from its newest checkpoint; on a first start there is none."""
+preemption) continue from its newest checkpoint; on a first start there is none. `{device}` is
+`auto` locally; on HF Jobs it follows the trainer's flavor (`cuda` on a GPU, `cpu` on cpu-*)."""
+
+LOCAL_RUN_DIR = "/tmp/grpo-lab-run"
+"""HF trainer job: where metrics.jsonl, syncs.jsonl and completions.jsonl are appended. A bucket
+mount takes whole-file writes only (hf-mount's default write mode: a file is written once from
+the start, or overwritten whole; no append, no seek), so train-async's `--local-dir` copies them
+whole into the run's folder of the bucket at each checkpoint and at the end."""
+
+def default_trainer_args(backend: str, gpu: bool = False) -> tuple[str, ...]:
+    """The trainer's `grpo-lab` arguments when none are given: DEFAULT_TRAINER_ARGS, plus on HF
+    Jobs `--local-dir` (bucket mounts take whole-file writes) and on a GPU the blog's run."""
+    if backend == "local":
+        return DEFAULT_TRAINER_ARGS
+    return (*DEFAULT_TRAINER_ARGS, "--local-dir", LOCAL_RUN_DIR,
+            *(flag_args(BLOG_TRAINING) if gpu else ()))
 
 
 @dataclass
@@ -104,17 +125,28 @@ class RecipeConfig:
     port: int = 8000
     """Port of each replica on HF Jobs, and of the proxy inside the trainer job. Locally every
     job gets a free port."""
+    free_ports: bool = False
+    """HF Jobs plan: give each replica and the proxy a free port of this machine instead of
+    `port`, for jobs that share one host (tests/hf_jobs_emulator.py runs the plan here); on HF
+    Jobs every job has a network of its own, so all can use `port`."""
     timeout: str = "4h"
     """Longest run of each HF job."""
     install: str | None = None
     """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
     checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
-    installed from the mount. Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
+    installed from the mount (core dependencies only, retried: grpo_lab.jobs.install). Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
     `true` for an image that already has it."""
     run_name: str | None = None
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0
     """Local backend: how long to wait for each server's /health."""
+
+
+def preset_config(name: str, **fields) -> RecipeConfig:
+    """The preset `name` as a RecipeConfig, `fields` replacing its values."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
+    return RecipeConfig(**{**PRESETS[name], **fields})
 
 
 def max_lora_rank(lora_rank: int) -> int:
@@ -162,13 +194,15 @@ def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, 
                       logprobs_mode="processed_logprobs", allowed_lora_root=mount, **flags)
 
 
-def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, ...] | list[str]
-                = DEFAULT_TRAINER_ARGS, **fields) -> RunPlan:
+def recipe_plan(config: RecipeConfig | None = None, *,
+                trainer_args: tuple[str, ...] | list[str] | None = None, **fields) -> RunPlan:
     """docs/recipe.md's run as a plan: N replicas, a proxy, a trainer, one bucket.
 
-    `trainer_args` follow `grpo-lab` in the trainer's command; `{model}`, `{proxy_url}`,
-    `{output_dir}` (the run's folder in the bucket), `{lora_rank}` and `{max_staleness}` are
-    filled in. Example: `recipe_plan(backend="hf-jobs", bucket="hf://buckets/me/lora")`.
+    `trainer_args` follow `grpo-lab` in the trainer's command (default: `default_trainer_args`
+    for the backend and the trainer's flavor); `{model}`, `{proxy_url}`, `{output_dir}` (the
+    run's folder in the bucket), `{lora_rank}`, `{max_staleness}`, `{device}` and
+    `{max_completion_length}` are filled in.
+    Example: `recipe_plan(backend="hf-jobs", bucket="hf://buckets/me/lora")`.
     """
     cfg = replace(config or RecipeConfig(), **fields)
     if cfg.backend not in ("local", "hf-jobs"):
@@ -188,13 +222,16 @@ def recipe_plan(config: RecipeConfig | None = None, *, trainer_args: tuple[str, 
         raise ValueError("need max_prompt_length >= 1 and max_completion_length >= 1")
     run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
     if cfg.backend == "local":
-        return _local_plan(cfg, run_name, list(trainer_args))
-    return _hf_jobs_plan(cfg, run_name, list(trainer_args))
+        return _local_plan(cfg, run_name, list(trainer_args or default_trainer_args("local")))
+    gpu = is_gpu_flavor(cfg.trainer_flavor or "h200")
+    return _hf_jobs_plan(cfg, run_name, list(trainer_args or default_trainer_args("hf-jobs", gpu)))
 
 
-def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url: str, output_dir: str):
+def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url: str,
+                  output_dir: str, device: str = "auto"):
     values = {"model": model, "proxy_url": proxy_url, "output_dir": output_dir,
-              "lora_rank": cfg.lora_rank, "max_staleness": cfg.max_staleness}
+              "lora_rank": cfg.lora_rank, "max_staleness": cfg.max_staleness, "device": device,
+              "max_completion_length": cfg.max_completion_length}
     return [arg.format(**values) for arg in template]
 
 
@@ -250,36 +287,41 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONUNBUFFERED": "1", "HF_HOME": HF_HOME}
     install, uploads = cfg.install, []
+    trainer_image = VLLM_IMAGE if is_gpu_flavor(trainer_flavor) else CPU_IMAGE
     if install is None:  # ship this checkout: a wheel in the run's folder of the bucket
         wheel = f"{run_name}/{WHEELS_DIR}/{package_wheel_name()}"
         uploads = [(PACKAGE_WHEEL, f"{cfg.bucket.rstrip('/')}/{wheel}")]
-        # a mount may show a new file some seconds after the upload: wait for it (10 min at most)
-        install = (f"for _ in $(seq 120); do test -f {mount}/{wheel} && break; sleep 5; done\n"
-                   f"pip install --quiet {mount}/{wheel}")
+    port = free_port if cfg.free_ports else (lambda: cfg.port)
     jobs = []
     for i in range(cfg.replicas):
+        replica_port = port()
         if engine == "vllm":
-            command, image = _vllm_replica_args(model, "0.0.0.0", cfg.port, cfg), VLLM_IMAGE
+            command, image = _vllm_replica_args(model, "0.0.0.0", replica_port, cfg), VLLM_IMAGE
         else:  # a CPU job: install grpo_lab, then serve
-            serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", cfg.port, cfg, mount)])
-            command, image = ["bash", "-c", f"set -e\n{install}\nexec {serve}\n"], CPU_IMAGE
+            serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", replica_port,
+                                                                    cfg, mount)])
+            setup = install or wheel_install(f"{mount}/{wheel}", image_has_torch=False)
+            command, image = ["bash", "-c", f"set -e\n{setup}\nexec {serve}\n"], CPU_IMAGE
         jobs.append(JobSpec(
             name=f"replica-{i}", command=command, env=dict(env), secrets=["HF_TOKEN"],
-            volumes=[BucketMount(cfg.bucket, mount, read_only=True)], ports=[cfg.port],
+            volumes=[BucketMount(cfg.bucket, mount, read_only=True)], ports=[replica_port],
             flavor=replica_flavor, image=image, timeout=cfg.timeout))
     # The trainer job: the proxy on 127.0.0.1 beside the trainer (it adds the bearer token that
-    # exposed ports need), a wait until every replica answers through it, then the trainer.
-    proxy_url = f"http://127.0.0.1:{cfg.port}"
-    proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", cfg.port,
+    # exposed ports need), a wait until every replica answers through it (the proxy's /health
+    # is 200 only when every replica's is), then the trainer.
+    proxy_port = port()
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", proxy_port,
                        upstream_token_env="HF_TOKEN")
     # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
     # update-alternatives), and the reference's job scripts call python3 too
     wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
             "--timeout-s", "1800", "--pid"]
-    trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
+    trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}",
+                            device="cuda" if is_gpu_flavor(trainer_flavor) else "cpu")
     script = "\n".join([
         "set -e",
-        install,
+        install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         "exec " + shlex.join(["grpo-lab", *trainer]),
@@ -289,6 +331,6 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         name="trainer", command=["bash", "-c", script],
         env={"PYTHONUNBUFFERED": "1", "HF_HOME": HF_HOME},
         secrets=["HF_TOKEN"], volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
-        flavor=trainer_flavor, image=VLLM_IMAGE if is_gpu_flavor(trainer_flavor) else CPU_IMAGE,
+        flavor=trainer_flavor, image=trainer_image,
         timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
     return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads)

@@ -1,0 +1,227 @@
+"""A stand-in for Hugging Face Jobs on this machine: `run_job` runs each job as a local process.
+
+    emulator = HfJobsEmulator(tmp_path, substitutions={install_lines: "true"})
+    launcher = HfJobsLauncher(plan, run_job=emulator.run_job, cancel_job=emulator.cancel_job,
+                              upload=emulator.upload, exposed_url=emulator.exposed_url, ...)
+
+What a job gets, as on HF Jobs, except the image:
+
+    command   run as written, in a fresh folder; only the text named in `substitutions` is
+              replaced (the test swaps the wheel install for `true`: the venv has grpo_lab)
+    env       the job's env and secrets, on a bare environment (PATH starts with this venv's
+              bin folder, so `python3` and `grpo-lab` are this venv's) plus `host_env`, the
+              settings of this machine an image would bake in (HF_HUB_OFFLINE, PYTHONPATH)
+    volumes   a bucket `owner/name` is the folder `<root>/buckets/owner/name`; one host has no
+              mount namespace, so a job's `mount_path` must be that folder itself (the plan takes
+              its mount path as a parameter): no symlink, every job sees the bucket at the same
+              absolute path, as the plan requires. The mount's rules are enforced in every Python
+              process of the job (`sitecustomize`, an audit hook): a read-only mount takes no
+              write, no new folder, no rename or delete; a read-write one takes files written
+              whole (hf-mount's default mode: a new file, or one overwritten from the start), no
+              append and no in-place edit of an existing file
+    expose    `exposed_url(job_id, port)` is `http://127.0.0.1:<port>`: jobs share this host, so
+              the plan gives them distinct ports (`RecipeConfig.free_ports`)
+
+`upload` stands in for `upload_to_buckets` (files copied into the bucket's folder). Nothing
+leaves this machine. `close()` cancels every job still running.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+MOUNTS_ENV = "HF_JOBS_EMULATOR_MOUNTS"
+
+SITECUSTOMIZE = textwrap.dedent('''
+    """Bucket mount rules of tests/hf_jobs_emulator.py, loaded by every Python process of a job."""
+    import errno
+    import os
+    import sys
+
+    _MOUNTS = [tuple(item.rsplit("=", 1)) for item in
+               os.environ.get("HF_JOBS_EMULATOR_MOUNTS", "").split(os.pathsep) if item]
+    _CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.chmod",
+                "os.truncate", "os.utime", "os.link", "os.symlink", "os.chown"}
+
+    def _mode_of(path):
+        if isinstance(path, int) or path is None:
+            return None
+        path = os.path.abspath(os.fsdecode(path))
+        for root, mode in _MOUNTS:
+            if path == root or path.startswith(root + os.sep):
+                return mode
+        return None
+
+    def _hook(event, args):
+        if event == "open":
+            path, _, flags = args
+            mode = _mode_of(path)
+            if mode is None or not isinstance(flags, int) or not flags & (os.O_WRONLY | os.O_RDWR):
+                return
+            if mode == "ro":
+                raise PermissionError(errno.EROFS, "read-only bucket mount", path)
+            if os.path.exists(path) and not flags & os.O_TRUNC:
+                raise OSError(errno.EOPNOTSUPP, "a bucket mount takes whole-file writes only "
+                              "(no append, no in-place edit of an existing file)", path)
+        elif event in _CHANGES:
+            for path in args[:2] if event in ("os.rename", "os.link", "os.symlink") else args[:1]:
+                if _mode_of(path) == "ro":
+                    raise PermissionError(errno.EROFS, f"read-only bucket mount ({event})", path)
+
+    if _MOUNTS:
+        sys.addaudithook(_hook)
+''')
+
+
+class HfJobsEmulator:
+    """`run_job`, `cancel_job` and the bucket uploads of Hugging Face Jobs, on this machine."""
+
+    def __init__(self, root: str | Path, *, substitutions: dict[str, str] | None = None,
+                 host_env: dict[str, str] | None = None):
+        self.root = Path(root)
+        self.substitutions = dict(substitutions or {})
+        self.substituted: dict[str, int] = dict.fromkeys(self.substitutions, 0)
+        self.host_env = dict(host_env or {})
+        self.jobs: dict[str, SimpleNamespace] = {}
+        self._ids = itertools.count(1)
+        self.site_dir = self.root / "site"
+        self.site_dir.mkdir(parents=True, exist_ok=True)
+        (self.site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+
+    # --- the bucket ------------------------------------------------------------------------
+
+    def bucket_dir(self, bucket_id: str) -> Path:
+        return self.root / "buckets" / bucket_id
+
+    def upload(self, uploads, token=None, build_wheel=None) -> None:
+        """`upload_to_buckets`: each (source, hf://buckets/owner/name/path) copied in."""
+        from grpo_lab.jobs.hf_jobs import split_bucket_path
+        from grpo_lab.jobs.specs import PACKAGE_WHEEL
+
+        for source, destination in uploads:
+            bucket_id, path = split_bucket_path(destination)
+            target = self.bucket_dir(bucket_id) / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source == PACKAGE_WHEEL:  # the install is substituted: a named placeholder
+                target.write_bytes(b"grpo_lab wheel placeholder (tests/hf_jobs_emulator.py)")
+            else:
+                shutil.copyfile(source, target)
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def run_job(self, *, image, command, env=None, secrets=None, flavor=None, timeout=None,
+                attempts=None, name=None, labels=None, volumes=None, expose=None,
+                expose_public=None, ssh=False, network_group=None, network_aliases=None,
+                resource_group_id=None, namespace=None, token=None):
+        """huggingface_hub's `run_job`, same keywords (tests check the signature): starts the
+        job's command as a process of this machine and returns a JobInfo-like record."""
+        job_id = f"{next(self._ids):024x}"
+        job_dir = self.root / "jobs" / f"{name or 'job'}-{job_id[-4:]}"
+        (job_dir / "home").mkdir(parents=True)
+        mounts = []
+        for volume in volumes or []:
+            if volume.type != "bucket":
+                raise ValueError(f"the emulator mounts buckets only, got {volume.type}")
+            folder = self.bucket_dir(volume.source) / (volume.path or "")
+            if Path(volume.mount_path) != folder:
+                raise ValueError(f"one host has no mount namespace: mount {volume.source} at its "
+                                 f"folder {folder} (RecipeConfig.mount_path), not {volume.mount_path}")
+            folder.mkdir(parents=True, exist_ok=True)
+            mounts.append(f"{folder}={'ro' if volume.read_only else 'rw'}")
+        argv = [self._substitute(arg) for arg in command]
+        python_path = os.pathsep.join(p for p in (str(self.site_dir), self.host_env.get("PYTHONPATH"))
+                                      if p)
+        job_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+                   "HOME": str(job_dir / "home"), **self.host_env, "PYTHONPATH": python_path,
+                   MOUNTS_ENV: os.pathsep.join(mounts), **(env or {}), **(secrets or {})}
+        log = (job_dir / "log.txt").open("wb")
+        process = subprocess.Popen(argv, cwd=job_dir, env=job_env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        info = SimpleNamespace(id=job_id, name=name, flavor=flavor, image=image, expose=expose,
+                               url=f"emulated://jobs/{job_id}", process=process,
+                               log_path=job_dir / "log.txt",
+                               status=SimpleNamespace(stage="RUNNING", expose_urls=None))
+        self.jobs[job_id] = info
+        return info
+
+    def _substitute(self, arg: str) -> str:
+        for old, new in self.substitutions.items():
+            if old in arg:
+                self.substituted[old] += 1
+                arg = arg.replace(old, new)
+        return arg
+
+    @staticmethod
+    def exposed_url(job_id: str, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+    def cancel_job(self, *, job_id, namespace=None, token=None) -> None:
+        info = self.jobs[job_id]
+        if info.process.poll() is None:
+            info.status.stage = "CANCELED"
+            _stop_group(info.process)
+
+    def wait(self, job_id: str, timeout_s: float) -> int:
+        """The job's exit code; raises TimeoutError with its log tail if it runs past timeout_s."""
+        info = self.jobs[job_id]
+        try:
+            code = info.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{info.name} still running after {timeout_s} s:\n"
+                               f"{self.logs(job_id)[-3000:]}") from None
+        if info.status.stage == "RUNNING":
+            info.status.stage = "COMPLETED" if code == 0 else "ERROR"
+        return code
+
+    def running(self, job_id: str) -> bool:
+        return self.jobs[job_id].process.poll() is None
+
+    def logs(self, job_id: str) -> str:
+        return self.jobs[job_id].log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        for job_id in self.jobs:
+            self.cancel_job(job_id=job_id)
+
+    def __enter__(self) -> HfJobsEmulator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the job's process group, SIGKILL what is left after grace_s."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            process.poll()
+            time.sleep(0.1)
+        else:
+            continue
+        break
+    process.poll()
+
+
+def run_job_keywords() -> list[str]:
+    """The keywords of the emulator's `run_job` (to compare with huggingface_hub's)."""
+    return list(inspect.signature(HfJobsEmulator.run_job).parameters)[1:]
