@@ -311,9 +311,9 @@ BUCKET = "hf://buckets/me/grpo-lora"
 TOKEN = "hf_fake_token_for_tests"
 
 
-def blog_plan():
+def blog_plan(**fields):
     """The blog's GPU setup: Qwen2.5-Math-1.5B, rank 1, two H200 replicas."""
-    return recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="blog")
+    return recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="blog", **fields)
 
 
 class FakeJobs:
@@ -630,6 +630,38 @@ def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
     assert not {"--dataset", "--learning-rate", "--max-new-tokens"} & set(cpu)
     local = trainer_flags(recipe_plan(bucket=str(tmp_path), run_name="r"))
     assert local["--device"] == "auto" and "--local-dir" not in local
+
+
+
+def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
+    """`--trainer trl`: the trainer job runs `grpo-lab train-trl-async` (TRL's AsyncGRPOTrainer),
+    every flag of which its own parser accepts: on a GPU the blog's training without train-async's
+    own flags, no --resume and no --local-dir (the job rewrites its files whole); `kernels` (TRL's
+    attention kernel) installed beside the wheel in the vLLM image."""
+    from grpo_lab.rollout.trl_async import TrlAsyncJobConfig
+
+    plans = {"gpu": blog_plan(trainer="trl"),
+             "cpu": recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer="trl",
+                                trainer_flavor="cpu-upgrade", replica_flavor="cpu-upgrade"),
+             "local": recipe_plan(bucket=str(tmp_path), run_name="r", trainer="trl")}
+    for where, plan in plans.items():
+        command = plan["trainer"].command
+        script = command[2] if command[:2] == ["bash", "-c"] else None
+        argv = shlex.split(script.splitlines()[-1])[2:] if script else command
+        argv = argv[argv.index("train-trl-async"):]  # after `grpo-lab` or `python -m grpo_lab.cli`
+        assert "--resume" not in argv and "--local-dir" not in argv, where
+        args = build_parser(argv[0]).parse_args(argv)  # exits on any flag it does not take
+        job = config_from_args(args, TrlAsyncJobConfig)
+        assert job.server_url.startswith("http://127.0.0.1:"), where
+        if where == "gpu":
+            config = config_from_args(args, AsyncGRPOConfig)
+            assert (config.learning_rate, config.weight_sync_steps, config.device) == (
+                4e-5, 4, "cuda")
+            assert "kernels" in script.split("pip install", 1)[1].splitlines()[0]
+        elif where == "cpu":
+            assert "kernels" not in script
+    with pytest.raises(ValueError, match="trainer must be"):
+        recipe_plan(bucket=str(tmp_path), trainer="deepspeed")
 
 
 # --------------------------------------------------------------------------------- --preset blog

@@ -14,18 +14,19 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 """Where a CPU image (no torch of its own) gets torch's CPU build, not the much larger CUDA one."""
 
 
-def wheel_install(wheel: str, *, image_has_torch: bool) -> str:
+def wheel_install(wheel: str, *, image_has_torch: bool, extra: tuple[str, ...] = ()) -> str:
     """Shell lines that install the grpo_lab wheel at `wheel` (a path on the bucket mount).
 
     Core dependencies only (`pip install <wheel>`, no extras: no notebook stack, no torch pin),
     so an image with torch (vLLM's) keeps its own; one without gets torch's CPU build. The
     mount may show the uploaded file some seconds late: wait for it (10 min at most). Then up
-    to PIP_ATTEMPTS tries, 30 s apart."""
+    to PIP_ATTEMPTS tries, 30 s apart. `extra`: more packages installed along with it."""
+    wheel_and_extra = " ".join([wheel, *extra])
     index = "" if image_has_torch else f" --extra-index-url {CPU_TORCH_INDEX}"
     return "\n".join([
         f"for _ in $(seq 120); do test -f {wheel} && break; sleep 5; done",
         f"for attempt in $(seq {PIP_ATTEMPTS}); do",
-        f"  pip install --quiet --retries 5{index} {wheel} && break",
+        f"  pip install --quiet --retries 5{index} {wheel_and_extra} && break",
         f'  [ "$attempt" = {PIP_ATTEMPTS} ] && exit 1',
         f'  echo "pip install failed (attempt $attempt of {PIP_ATTEMPTS}); retrying in 30 s"; sleep 30',
         "done",

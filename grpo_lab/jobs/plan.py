@@ -29,11 +29,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.argv import flag_args
 from ..proxy.process import proxy_args
 from ..serving.config import VLLM_LORA_RANKS
 from ..serving.process import GRPO_LAB, serve_args
-from .blog import BLOG_TRAINING, HF_BLOG_MODEL, PRESETS
+from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
 from .specs import (
     CPU_IMAGE,
@@ -47,6 +46,11 @@ from .specs import (
     shell_join,
     url_of,
 )
+from .trainer_args import (  # noqa: F401 (DEFAULT_TRAINER_ARGS, LOCAL_RUN_DIR: the plan's API)
+    DEFAULT_TRAINER_ARGS,
+    LOCAL_RUN_DIR,
+    default_trainer_args,
+)
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
 """Replica image on GPU flavors (pinned: the version the blog's LoRA path was validated on)."""
@@ -56,31 +60,6 @@ HF_HOME = "/tmp/hf"
 
 WHEELS_DIR = "wheels"
 """Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
-
-DEFAULT_TRAINER_ARGS = (
-    "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
-    "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
-    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
-    "--device", "{device}", "--resume",
-)
-"""`grpo-lab train-async` (grpo_lab.cli.train_async). `--resume` makes a restarted trainer job (a
-preemption) continue from its newest checkpoint; on a first start there is none. `{device}` is
-`auto` locally; on HF Jobs it follows the trainer's flavor (`cuda` on a GPU, `cpu` on cpu-*)."""
-
-LOCAL_RUN_DIR = "/tmp/grpo-lab-run"
-"""HF trainer job: where metrics.jsonl, syncs.jsonl and completions.jsonl are appended. A bucket
-mount takes whole-file writes only (hf-mount's default write mode: a file is written once from
-the start, or overwritten whole; no append, no seek), so train-async's `--local-dir` copies them
-whole into the run's folder of the bucket at each checkpoint and at the end."""
-
-def default_trainer_args(backend: str, gpu: bool = False) -> tuple[str, ...]:
-    """The trainer's `grpo-lab` arguments when none are given: DEFAULT_TRAINER_ARGS, plus on HF
-    Jobs `--local-dir` (bucket mounts take whole-file writes) and on a GPU the blog's run."""
-    if backend == "local":
-        return DEFAULT_TRAINER_ARGS
-    return (*DEFAULT_TRAINER_ARGS, "--local-dir", LOCAL_RUN_DIR,
-            *(flag_args(BLOG_TRAINING) if gpu else ()))
-
 
 @dataclass
 class RecipeConfig:
@@ -93,6 +72,10 @@ class RecipeConfig:
     model, locally and on CPU flavors; Qwen/Qwen2.5-Math-1.5B, the blog's model, on GPUs)."""
     replicas: int = 2
     """Inference replicas behind the proxy."""
+    trainer: str = "grpo-lab"
+    """The trainer job: `grpo-lab` (`grpo-lab train-async`) or `trl` (`grpo-lab train-trl-async`,
+    TRL's AsyncGRPOTrainer: on a GPU it imports vLLM, which the vLLM image has, and fetches its
+    attention kernel from the Hub with `kernels`; docs/recipe.md)."""
     lora_rank: int = 1
     """LoRA rank of the trained adapter; the servers' --max-lora-rank is the smallest of vLLM's
     allowed values (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds it."""
@@ -209,6 +192,8 @@ def recipe_plan(config: RecipeConfig | None = None, *,
         raise ValueError(f"backend must be local or hf-jobs, got {cfg.backend!r}")
     if cfg.replicas < 1 or cfg.lora_rank < 1 or cfg.max_staleness < 0:
         raise ValueError("need replicas >= 1, lora_rank >= 1 and max_staleness >= 0")
+    if cfg.trainer not in ("grpo-lab", "trl"):
+        raise ValueError(f"trainer must be grpo-lab or trl, got {cfg.trainer!r}")
     if cfg.engine not in (None, "vllm", "grpo-lab"):
         raise ValueError(f"engine must be vllm or grpo-lab, got {cfg.engine!r}")
     max_lora_rank(cfg.lora_rank)  # a rank no server can hold fails here, not in a job
@@ -222,9 +207,11 @@ def recipe_plan(config: RecipeConfig | None = None, *,
         raise ValueError("need max_prompt_length >= 1 and max_completion_length >= 1")
     run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
     if cfg.backend == "local":
-        return _local_plan(cfg, run_name, list(trainer_args or default_trainer_args("local")))
+        return _local_plan(cfg, run_name, list(
+            trainer_args or default_trainer_args("local", trainer=cfg.trainer)))
     gpu = is_gpu_flavor(cfg.trainer_flavor or "h200")
-    return _hf_jobs_plan(cfg, run_name, list(trainer_args or default_trainer_args("hf-jobs", gpu)))
+    return _hf_jobs_plan(cfg, run_name, list(
+        trainer_args or default_trainer_args("hf-jobs", gpu, trainer=cfg.trainer)))
 
 
 def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url: str,
@@ -321,7 +308,9 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
                             device="cuda" if is_gpu_flavor(trainer_flavor) else "cpu")
     script = "\n".join([
         "set -e",
-        install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE),
+        install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE,
+                                 extra=("kernels",) if cfg.trainer == "trl"
+                                 and trainer_image == VLLM_IMAGE else ()),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         "exec " + shlex.join(["grpo-lab", *trainer]),

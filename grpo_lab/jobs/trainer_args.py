@@ -1,0 +1,51 @@
+"""The trainer job's command line: which `grpo-lab` command the plan's trainer runs, with which
+flags, on each backend and flavor (`{model}`, `{proxy_url}`, ... are filled in by the plan)."""
+
+from __future__ import annotations
+
+from ..core.argv import flag_args
+from .blog import BLOG_TRAINING
+
+DEFAULT_TRAINER_ARGS = (
+    "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
+    "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
+    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
+    "--device", "{device}", "--resume",
+)
+"""`grpo-lab train-async` (grpo_lab.cli.train_async). `--resume` makes a restarted trainer job (a
+preemption) continue from its newest checkpoint; on a first start there is none. `{device}` is
+`auto` locally; on HF Jobs it follows the trainer's flavor (`cuda` on a GPU, `cpu` on cpu-*)."""
+
+LOCAL_RUN_DIR = "/tmp/grpo-lab-run"
+"""HF trainer job: where metrics.jsonl, syncs.jsonl and completions.jsonl are appended. A bucket
+mount takes whole-file writes only (hf-mount's default write mode: a file is written once from
+the start, or overwritten whole; no append, no seek), so train-async's `--local-dir` copies them
+whole into the run's folder of the bucket at each checkpoint and at the end."""
+
+TRL_TRAINER_ARGS = (
+    "train-trl-async", "--model", "{model}", "--server-url", "{proxy_url}",
+    "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
+    "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
+    "--device", "{device}",
+)
+"""`grpo-lab train-trl-async` (grpo_lab.cli.train_trl_async): TRL's AsyncGRPOTrainer on the same
+data and rewards. No `--resume` (the job refuses to start over adapters it did not write) and no
+`--local-dir` (it rewrites its files whole, which a bucket mount allows)."""
+
+TRL_ONLY_JOB_FLAGS = ("request_shape", "checkpoint_every")
+"""BLOG_TRAINING keys that are train-async's own: TRL's trainer shapes its requests (n = 1) itself
+and keeps no checkpoints."""
+
+
+def default_trainer_args(backend: str, gpu: bool = False,
+                         trainer: str = "grpo-lab") -> tuple[str, ...]:
+    """The trainer's `grpo-lab` arguments when none are given: DEFAULT_TRAINER_ARGS (or
+    TRL_TRAINER_ARGS), plus on HF Jobs `--local-dir` (bucket mounts take whole-file writes) and
+    on a GPU the blog's run."""
+    if trainer == "trl":
+        blog = {k: v for k, v in BLOG_TRAINING.items() if k not in TRL_ONLY_JOB_FLAGS}
+        return (*TRL_TRAINER_ARGS, *(flag_args(blog) if gpu and backend != "local" else ()))
+    if backend == "local":
+        return DEFAULT_TRAINER_ARGS
+    return (*DEFAULT_TRAINER_ARGS, "--local-dir", LOCAL_RUN_DIR,
+            *(flag_args(BLOG_TRAINING) if gpu else ()))
