@@ -7,4 +7,5 @@ lora_params_rank_4 = sum(rank * (layer.in_features + layer.out_features)
                          for name, layer in fresh_base.named_modules()
                          if isinstance(layer, nn.Linear) and name != "lm_head")
 print(f"rank 4: {lora_params_rank_4:,} parameters; rank 1 (trained above): "
-      f"{lora_trainer.num_trainable:,}; the model: {sum(p.numel() for p in fresh_base.parameters()):,}")
+      f"{lora_trainer.num_trainable:,}; the model: "
+      f"{sum(p.numel() for p in fresh_base.parameters()):,}")
