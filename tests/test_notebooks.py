@@ -140,3 +140,16 @@ def test_an_exercise_cell_must_name_its_id(tmp_path):
     nb.cells = [cell]
     with pytest.raises(ValueError, match="# EXERCISE <id>"):
         exercise_cells(nb)
+
+
+def test_cli_notebook_with_solutions_reaches_the_runner(monkeypatch, capsys):
+    import grpo_lab.cli.notebooks as notebooks
+    from grpo_lab.cli.main import main
+
+    calls = []
+    monkeypatch.setattr(notebooks, "run_notebook",
+                        lambda name, output_dir, with_solutions: calls.append(
+                            (name, with_solutions)) or {"exercises": {}})
+    assert main(["notebook", "01", "--with-solutions"]) in (0, None)
+    assert main(["notebook", "02"]) in (0, None)
+    assert calls == [("01", True), ("02", False)]
