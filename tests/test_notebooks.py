@@ -1,30 +1,150 @@
-"""Every course notebook, executed with papermill at its CPU defaults; then its recorded values."""
+"""Every course notebook, executed with papermill at its CPU defaults with its exercises' solutions
+filled in; then its recorded values. Static checks of the exercises and links run without a kernel."""
 
+import nbformat
 import pytest
 
 from grpo_lab.cli.notebooks import (
     NOTEBOOK_GOALS,
+    SOLUTIONS_DIR,
+    exercise_cells,
+    fill_in_solutions,
     find_notebook,
     list_notebooks,
     missed_goals,
+    notebook_number,
     run_notebook,
 )
 
+NOTEBOOKS = list_notebooks()
+
 
 def test_every_notebook_has_a_check():
-    names = {p.stem for p in list_notebooks()}
+    names = {p.stem for p in NOTEBOOKS}
     assert names, "no notebooks found"
     missing = names - set(NOTEBOOK_GOALS)
     assert not missing, f"notebooks without a results check: {missing}"
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("notebook", list_notebooks(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_achieves_its_goal(notebook, tmp_path, tiny_model_dir, chat_model_dir):
-    results = run_notebook(notebook, tmp_path, cell_timeout_s=600)
+    results = run_notebook(notebook, tmp_path, cell_timeout_s=600, with_solutions=True)
     assert results, "the notebook recorded no results"
     failed = missed_goals(notebook.stem, results)
     assert not failed, f"{notebook.stem}: failed {failed}; recorded {results}"
+    # Every exercise, solved by its solution file, passed its own check.
+    expected = set(exercise_cells(nbformat.read(notebook, as_version=4)))
+    assert set(results.get("exercises", {})) == expected, results.get("exercises")
+    assert all(ok is True for ok in results.get("exercises", {}).values()), results["exercises"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(notebook, tmp_path):
+    """Each exercise cell has its solution and each solution its cell (`fill_in_solutions`
+    raises otherwise); left as the learner gets it, each exercise cell and the check cell under
+    it run on their own and record None (not attempted), not a crash."""
+    nb = nbformat.read(notebook, as_version=4)
+    cells = exercise_cells(nb)
+    assert cells, f"{notebook.stem} has no exercise"
+    solved = fill_in_solutions(notebook, tmp_path / notebook.name)
+    assert set(solved) == set(cells)
+    for exercise_id, index in cells.items():
+        assert exercise_id.startswith(notebook_number(notebook) + "."), exercise_id
+        task = nb.cells[index - 1]
+        assert task.cell_type == "markdown" and task.source.startswith(
+            f"### Exercise {exercise_id}:"), f"{exercise_id}: the cell above must state the task"
+        check = nb.cells[index + 1]
+        assert check.cell_type == "code" and f'exercises["{exercise_id}"]' in check.source
+        namespace = {"exercises": {}}
+        exec(compile(nb.cells[index].source, f"{exercise_id} stub", "exec"), namespace)
+        exec(compile(check.source, f"{exercise_id} check", "exec"), namespace)
+        assert namespace["exercises"] == {exercise_id: None}, exercise_id
+        assert nb.cells[index].source != solved[exercise_id].read_text().rstrip("\n"), \
+            f"{exercise_id}: the stub is its own solution"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "exercises = {}" in code and "exercises=exercises" in code
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_links_the_glossary_and_a_paper(notebook):
+    text = "\n".join(c.source for c in nbformat.read(notebook, as_version=4).cells
+                     if c.cell_type == "markdown")
+    assert "(../docs/metrics.md)" in text, "link the glossary of logged metrics"
+    papers = ("arxiv.org/abs/2402.03300", "arxiv.org/abs/2503.14476", "arxiv.org/abs/2503.20783",
+              "arxiv.org/abs/2505.24298")
+    assert any(p in text for p in papers), "link at least one of the papers"
+
+
+def test_no_solution_folder_without_a_notebook():
+    stems = {p.stem for p in NOTEBOOKS}
+    strays = [d.name for d in SOLUTIONS_DIR.iterdir() if d.is_dir() and d.name not in stems]
+    assert not strays, f"solutions/ folders that match no notebook: {strays}"
+
+
+def _exercise_notebook(path, *ids):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("exercises = {}")]
+    for exercise_id in ids:
+        cell = nbformat.v4.new_code_cell(f"# EXERCISE {exercise_id}\nanswer = None")
+        cell.metadata["tags"] = ["exercise"]
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_fill_in_solutions_replaces_only_exercise_cells(tmp_path):
+    source = _exercise_notebook(tmp_path / "42_demo.ipynb", "42.1", "42.2")
+    (tmp_path / "solutions" / "42_demo").mkdir(parents=True)
+    for k in (1, 2):
+        (tmp_path / "solutions" / "42_demo" / f"42.{k}.py").write_text(
+            f"# EXERCISE 42.{k}\nanswer = {k}\n")
+    fill_in_solutions(source, tmp_path / "out.ipynb", tmp_path / "solutions")
+    before = nbformat.read(source, as_version=4)
+    after = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert [c.source for c in after.cells] == [
+        "exercises = {}", "# EXERCISE 42.1\nanswer = 1", "# EXERCISE 42.2\nanswer = 2"]
+    assert [c.id for c in after.cells] == [c.id for c in before.cells]
+    assert after.cells[1].metadata["tags"] == ["exercise"]
+
+
+def test_fill_in_solutions_names_a_missing_or_an_orphan_solution(tmp_path):
+    source = _exercise_notebook(tmp_path / "42_demo.ipynb", "42.1")
+    folder = tmp_path / "solutions" / "42_demo"
+    folder.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"exercise 42\.1 .*no solution"):
+        fill_in_solutions(source, tmp_path / "out.ipynb", tmp_path / "solutions")
+    (folder / "42.1.py").write_text("# EXERCISE 42.1\nanswer = 1\n")
+    (folder / "42.9.py").write_text("# EXERCISE 42.9\nanswer = 9\n")
+    with pytest.raises(ValueError, match=r"42\.9.*match no exercise"):
+        fill_in_solutions(source, tmp_path / "out.ipynb", tmp_path / "solutions")
+    (folder / "42.9.py").unlink()
+    (folder / "42.1.py").write_text("answer = 1\n")
+    with pytest.raises(ValueError, match="must start with '# EXERCISE 42.1'"):
+        fill_in_solutions(source, tmp_path / "out.ipynb", tmp_path / "solutions")
+    assert not (tmp_path / "out.ipynb").exists()
+
+
+def test_an_exercise_cell_must_name_its_id(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("answer = None")
+    cell.metadata["tags"] = ["exercise"]
+    nb.cells = [cell]
+    with pytest.raises(ValueError, match="# EXERCISE <id>"):
+        exercise_cells(nb)
+
+
+def test_cli_notebook_with_solutions_reaches_the_runner(monkeypatch, capsys):
+    import grpo_lab.cli.notebooks as notebooks
+    from grpo_lab.cli.main import main
+
+    calls = []
+    monkeypatch.setattr(notebooks, "run_notebook",
+                        lambda name, output_dir, with_solutions: calls.append(
+                            (name, with_solutions)) or {"exercises": {}})
+    assert main(["notebook", "01", "--with-solutions"]) in (0, None)
+    assert main(["notebook", "02"]) in (0, None)
+    assert calls == [("01", True), ("02", False)]
 
 
 def test_side_chapters_sort_after_their_number(tmp_path):

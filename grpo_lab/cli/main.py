@@ -8,7 +8,8 @@
                                      the same job with TRL's AsyncGRPOTrainer
     grpo-lab build-model [--kind chat]
                                      build (or find) the cached tiny (or chat) model, print its folder
-    grpo-lab notebook 01             execute a course notebook with papermill
+    grpo-lab notebook 01 [--with-solutions]
+                                     execute a course notebook with papermill (exercises solved)
     grpo-lab serve tiny --enable-lora --port 8000
                                      an inference server speaking vLLM's HTTP contract
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
@@ -61,6 +62,9 @@ def _add_notebook(sub) -> None:
     nb = sub.add_parser("notebook", help="execute a course notebook with papermill")
     nb.add_argument("name", help="number or name, e.g. 01")
     nb.add_argument("--output-dir", default=None, help="where the executed copy goes")
+    nb.add_argument("--with-solutions", default=False, **BOOL_FLAG,
+                    help="fill every exercise cell with its solution (solutions/) first: the "
+                    "teacher's copy, as the tests run it")
 
 
 def _add_serve(sub) -> None:
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "notebook":
             from .notebooks import run_notebook
 
-            print(run_notebook(args.name, args.output_dir))
+            print(run_notebook(args.name, args.output_dir, with_solutions=args.with_solutions))
         elif args.command == "launch":
             from .launch import launch_main
 
