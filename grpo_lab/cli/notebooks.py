@@ -85,6 +85,8 @@ NOTEBOOK_GOALS = {
             lambda r: r["async_staleness_max"] <= r["max_staleness"],
         "async_staleness_mean > 0": lambda r: r["async_staleness_mean"] > 0,
         "fast producer: trainer-bound": lambda r: r["fast_producer_bottleneck"] == "trainer",
+        "drop path: 4 stale groups dropped without admission, none with it":
+            lambda r: r["dropped_without_admission"] == 4 and r["dropped_with_admission"] == 0,
         "slow producer: generation-bound":
             lambda r: r["slow_producer_bottleneck"] == "generation",
         "async run: trainer-bound": lambda r: r["async_bottleneck"] == "trainer",
@@ -96,6 +98,9 @@ NOTEBOOK_GOALS = {
         "right_weights_deviation < 1e-3": lambda r: r["right_weights_deviation"] < 1e-3,
         "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
         "steps >= 1": lambda r: r["steps"] >= 1,
+        "a reused adapter name is refused and serves the old weights":
+            lambda r: r["reused_name_refused"] and r["reused_name_deviation"] > 0.01,
+        "a versioned name serves this version": lambda r: r["versioned_name_deviation"] < 1e-3,
     },
     "06_proxy_and_kv_routing": {
         "shared_blocks == 1": lambda r: r["shared_blocks"] == 1,
