@@ -170,7 +170,7 @@ class HfJobsEmulator:
         info = self.jobs[job_id]
         if info.process.poll() is None:
             info.status.stage = "CANCELED"
-            _stop_group(info.process)
+        _stop_group(info.process)  # also what its main process left behind (a container ends)
 
     def wait(self, job_id: str, timeout_s: float) -> int:
         """The job's exit code; raises TimeoutError with its log tail if it runs past timeout_s."""
@@ -182,6 +182,9 @@ class HfJobsEmulator:
                                f"{self.logs(job_id)[-3000:]}") from None
         if info.status.stage == "RUNNING":
             info.status.stage = "COMPLETED" if code == 0 else "ERROR"
+        # A job ends with its main process, and its container with it: the trainer job's
+        # background proxy must not outlive it.
+        _stop_group(info.process)
         return code
 
     def running(self, job_id: str) -> bool:
