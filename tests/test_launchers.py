@@ -633,6 +633,20 @@ def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
 
 
 
+def test_block_size_reaches_every_replica_and_the_proxy(tmp_path):
+    """One KV block size for the replicas' prefix caches and the router: a router hashing other
+    blocks than the servers cache would route on prefixes nobody holds."""
+    plan = recipe_plan(bucket=str(tmp_path), run_name="r", block_size=4)
+    for name in ("replica-0", "replica-1", "proxy"):
+        argv = plan[name].command
+        assert argv[argv.index("--block-size") + 1] == "4", name
+    gpu = {name: blog_plan(block_size=block)["replica-0"].command for name, block in
+           (("default", 16), ("eight", 8))}
+    assert "--block-size" not in gpu["default"]  # vLLM's own default, as the reference runs it
+    assert gpu["eight"][gpu["eight"].index("--block-size") + 1] == "8"
+    with pytest.raises(ValueError, match="block_size"):
+        recipe_plan(bucket=str(tmp_path), block_size=0)
+
 def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
     """`--trainer trl`: the trainer job runs `grpo-lab train-trl-async` (TRL's AsyncGRPOTrainer),
     every flag of which its own parser accepts: on a GPU the blog's training without train-async's

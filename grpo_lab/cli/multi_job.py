@@ -54,6 +54,13 @@ points (against +23.8, +21.1, +18.9 at 1.0); the demo itself: +22.5, +25.6, +21.
 +22.3, +17.8, +18.6 at 1.0 (benchmarks/demo.py has the timed figures)."""
 
 
+TINY_BLOCK_SIZE = 4
+"""KV block size of the demo's replicas and proxy on the tiny model: its prompts ("53+05=" and a
+BOS) are 7 tokens, less than vLLM's 16-token block, so at 16 nothing would be routed by prefix
+or cached. At 4 each prompt has one full block: the G requests of one group (n = 1 each, the
+blog's request shape) go to the replica that already holds that block, as the blog's proxy did."""
+
+
 def multi_job_config(args) -> AsyncGRPOConfig:
     """The demo's AsyncGRPOConfig: MULTI_JOB_DEFAULTS for every flag left at its default."""
     config = config_from_args(args, AsyncGRPOConfig)
@@ -119,6 +126,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "demo-jobs-%Y%m%d-%H%M%S")).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     bucket = run_dir / "bucket"
+    block_size = 16  # vLLM's default
     if config.model == "tiny":
         # Build (or find) the model once, here, with every core, before any job starts: else
         # each replica and the trainer would build it at the same time on one thread each.
@@ -127,10 +135,12 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         recipe = TinyModelRecipe(task=config.task, difficulty=config.difficulty)
         config.model = str(tiny_model_path(recipe, progress=config.progress,
                                            num_threads=os.cpu_count()))
+        block_size = TINY_BLOCK_SIZE
     plan = recipe_plan(backend="local", replicas=replicas, lora_rank=config.lora_rank,
                        max_staleness=config.max_staleness, bucket=str(bucket), run_name=RUN_NAME,
-                       base_model=config.model, health_timeout_s=180,
-                       trainer_args=(*DEFAULT_TRAINER_ARGS, *trainer_flags(config)))
+                       base_model=config.model, health_timeout_s=180, block_size=block_size,
+                       trainer_args=(*DEFAULT_TRAINER_ARGS, *trainer_flags(config),
+                                     "--request-shape", "single"))
     out = bucket / RUN_NAME
     proxy_url = f"http://127.0.0.1:{plan['proxy'].ports[0]}"
     start = time.perf_counter()
@@ -160,7 +170,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "steps": trained["steps"], "samples": trained["samples"],
         "syncs": len(syncs), "sync_p50_s": statistics.median(s["sync_s"] for s in syncs),
         "router": {k: router.get(k) for k in ("routed", "affinity", "spilled", "unmatched")},
-        "prefix_cache": cache,
+        "prefix_cache": cache, "block_size": block_size,
         "proxy": {k: stats.get(k) for k in ("marked_down", "rerouted", "errors", "down_reasons")},
         "retried_requests": trained["retried_requests"], "groups": trained["groups"],
         "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -186,7 +196,7 @@ def print_summary(s: dict, min_gain: float) -> None:
         ("steps / samples", f"{s['steps']} / {s['samples']}"),
         ("weight syncs", f"{s['syncs']}, p50 {s['sync_p50_s']:.3f} s"),
         ("router", " ".join(f"{k} {v}" for k, v in s["router"].items())),
-        ("prefix cache", prefix_cache_line(s["prefix_cache"])),
+        ("prefix cache", prefix_cache_line(s["prefix_cache"], s["block_size"])),
         ("ratio range", f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}"),
         ("staleness", f"mean {s['staleness_mean']:.2f}, max {s['staleness_max']:g}, "
                       f"groups dropped {s['dropped_stale']}"),
@@ -204,13 +214,13 @@ def print_summary(s: dict, min_gain: float) -> None:
     print("=" * 72)
 
 
-def prefix_cache_line(cache: dict) -> str:
+def prefix_cache_line(cache: dict, block_size: int = 16) -> str:
     """The replicas' prefix-cache hits, in prompt tokens (what affinity routing is for)."""
     if not cache.get("cache_queries"):
         return "no prompt tokens queried"
     gone = f"; {len(cache['unreachable'])} replica(s) gone" if cache.get("unreachable") else ""
     return (f"{cache['cache_hits']:.0f} of {cache['cache_queries']:.0f} prompt tokens cached "
-            f"({cache['cache_hit_rate']:.0%}; only whole 16-token blocks are cached{gone})")
+            f"({cache['cache_hit_rate']:.0%}; only whole {block_size}-token blocks are cached{gone})")
 
 
 DEMO_TARGETS = {"train_s": 60.0, "startup_s": 20.0}

@@ -132,6 +132,7 @@ NOTEBOOK_GOALS = {
             lambda r: len(r["served"]) == r["max_staleness"] + 1,
         "bucket versions == max_staleness + 2":
             lambda r: len(r["bucket_versions"]) == r["max_staleness"] + 2,
+        "affinity share >= 0.5 (the blog's request shape)": lambda r: r["affinity_share"] >= 0.5,
     },
     "08_reading_the_pipeline": {
         "bottlenecks as expected": lambda r: r["bottlenecks"] == r["expected"] == [

@@ -92,6 +92,10 @@ class RecipeConfig:
     --max-model-len (1096 + 3000 = 4096, the reference's)."""
     max_completion_length: int = 3000
     """vLLM replicas: longest completion in tokens (the blog's 3,000)."""
+    block_size: int = 16
+    """KV block size of the replicas' prefix caches and of the proxy's router (vLLM's
+    --block-size, 16 by default). A prompt shorter than one block has nothing to be routed or
+    cached on: the demo's tiny prompts (7 tokens) use 4."""
     bucket: str | None = None
     """Local directory (default: $GRPO_LAB_HOME/bucket) or hf://buckets/<owner>/<bucket>
     (required on HF Jobs)."""
@@ -163,6 +167,7 @@ def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> l
             "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_rank)),
             "--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu_loras),
             "--logprobs-mode", "processed_logprobs",
+            *(["--block-size", str(cfg.block_size)] if cfg.block_size != 16 else []),
             # the model card's sampling defaults (e.g. top_p) would apply to every rollout
             "--generation-config", "vllm"]
 
@@ -174,7 +179,8 @@ def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, 
     max_loras, _ = _lora_slots(cfg)
     return serve_args(model, host, port, enable_lora=True,
                       max_lora_rank=max_lora_rank(cfg.lora_rank), max_loras=max_loras,
-                      logprobs_mode="processed_logprobs", allowed_lora_root=mount, **flags)
+                      logprobs_mode="processed_logprobs", allowed_lora_root=mount,
+                      block_size=cfg.block_size, **flags)
 
 
 def recipe_plan(config: RecipeConfig | None = None, *,
@@ -192,6 +198,8 @@ def recipe_plan(config: RecipeConfig | None = None, *,
         raise ValueError(f"backend must be local or hf-jobs, got {cfg.backend!r}")
     if cfg.replicas < 1 or cfg.lora_rank < 1 or cfg.max_staleness < 0:
         raise ValueError("need replicas >= 1, lora_rank >= 1 and max_staleness >= 0")
+    if cfg.block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {cfg.block_size}")
     if cfg.trainer not in ("grpo-lab", "trl"):
         raise ValueError(f"trainer must be grpo-lab or trl, got {cfg.trainer!r}")
     if cfg.engine not in (None, "vllm", "grpo-lab"):
@@ -253,7 +261,8 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     proxy_port = free_port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     jobs.append(JobSpec(
-        name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port)],
+        name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port,
+                                                      block_size=cfg.block_size)],
         env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
@@ -299,7 +308,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     proxy_port = port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", proxy_port,
-                       upstream_token_env="HF_TOKEN")
+                       upstream_token_env="HF_TOKEN", block_size=cfg.block_size)
     # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
     # update-alternatives), and the reference's job scripts call python3 too
     wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",
