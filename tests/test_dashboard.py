@@ -183,12 +183,16 @@ def test_a_synchronous_run_shows_only_the_plots_that_have_data():
         dash.update(record)  # the first step draws
     dash.flush()  # and the last
     assert dash.panels == ["reward", "ratio (pi_theta / pi_old)", "step time (s)"]
-    assert dash._image.tooltip == "plots: reward, ratio (pi_theta / pi_old), step time (s)"
+    assert dash.caption() == (
+        "plots: reward, ratio (pi_theta / pi_old), step time (s); no data for: rollout wait vs "
+        "backpressure (s), rollout queue size vs max, staleness (versions), weight sync (s), "
+        "generated tokens / s")
     fig = dash.figure()
     assert all(ax.lines for ax in fig.axes)  # no empty axes
     assert fig.get_figheight() < 4  # one row
     # The status line leaves out the pipeline numbers a synchronous run does not log.
-    assert dash._text.value == "<code>step 12 | reward 0.440 | ratio 1.0000 | step time 0.09s</code>"
+    assert dash._text.value.startswith(
+        "<code>step 12 | reward 0.440 | ratio 1.0000 | step time 0.09s</code><br><small")
     # With the proxy's stats: the router joins the first row; unavailable stats say so.
     assert [ax.get_title() for ax in dash.figure(router="router stats unavailable")
             .axes] == ["reward", "ratio (pi_theta / pi_old)", "router: no stats", "step time (s)"]

@@ -128,7 +128,7 @@ class Dashboard:
         self.notebook = in_notebook() if notebook is None else notebook
         self.renders = 0
         self.panels: list[str] = []
-        """Titles of the plots in the last picture (the image's tooltip in a notebook)."""
+        """Titles of the plots in the last picture (listed under the status line in a notebook)."""
         self._next_render = float("-inf")
         self._pending = False
         self._lock = threading.Lock()
@@ -136,10 +136,12 @@ class Dashboard:
         if self.notebook:
             import ipywidgets as widgets
             from IPython.display import display
+            from matplotlib.backends import backend_agg  # noqa: F401  imported now, not in a step
 
             self._text = widgets.HTML()
             self._image = widgets.Image(format="png")
             self.widget = widgets.VBox([self._text, self._image])
+            self.widget.add_class("grpo-lab-dashboard")  # a handle for styles and browser tests
             display(self.widget)
 
     # -- feeding it ----------------------------------------------------------------------------
@@ -204,15 +206,24 @@ class Dashboard:
         router = self._router()
         line = self.line(records, router)
         if self.notebook:
-            self._text.value = f"<code>{html.escape(line)}</code>"
             self._image.value = self._png(records, router)
-            self._image.tooltip = "plots: " + ", ".join(self.panels)
+            self._text.value = (f"<code>{html.escape(line)}</code><br>"
+                                f"<small style='color: gray'>{html.escape(self.caption())}</small>")
         else:
             print(line, file=self.stream, flush=True)
         self.renders += 1
-        spent = time.monotonic() - start
+        # The first picture also pays matplotlib's one-off set-up (fonts, ~0.5 s): throttling the
+        # next one by it would freeze the panel for ~10 s at max_busy 0.1.
+        spent = time.monotonic() - start if self.renders > 1 else 0.0
         self._next_render = start + max(self.min_interval_s, spent / (self.max_busy or float("inf")))
         return True
+
+    def caption(self) -> str:
+        """Which plots the picture holds, and which pipeline plots wait for data (a synchronous
+        run never logs them)."""
+        waiting = [p.title for p in PIPELINE_PANELS if p.title not in self.panels]
+        return ("plots: " + ", ".join(self.panels)
+                + ("; no data for: " + ", ".join(waiting) if waiting else ""))
 
     def _router(self) -> dict | str:
         if self.stats is None:
