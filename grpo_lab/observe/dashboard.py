@@ -39,7 +39,7 @@ from .diagnose import (
     WAIT,
     diagnose,
 )
-from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes
+from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis
 
 
 def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> dict:
@@ -306,21 +306,6 @@ class Dashboard:
         FigureCanvasAgg(fig).print_png(buffer)
         self.panels = [ax.get_title() for ax in fig.axes]
         return buffer.getvalue()
-
-
-RATIO_SPAN = 0.005
-"""The ratio axis spans at least 1 +- this: a ratio of 1 within float error (on-policy steps)
-reads as a flat line at 1.0000, not as noise on an axis labelled `1e-7+1`."""
-
-
-def ratio_axis(ax, ratios: list[float]) -> None:
-    """Plain tick labels with 4 decimals (no offset, no scientific notation) over a span of at
-    least 1 +- RATIO_SPAN."""
-    from matplotlib.ticker import StrMethodFormatter
-
-    low, high = min([1.0, *ratios]), max([1.0, *ratios])
-    ax.set_ylim(min(low, 1 - RATIO_SPAN), max(high, 1 + RATIO_SPAN))
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.4f}"))
 
 
 def draw_router(ax, router: dict | str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from ..train.metrics import read_metrics, series
 from .diagnose import (
@@ -87,6 +87,19 @@ def draw_panel(ax, records: list[dict], panel: Panel) -> None:
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
+
+
+RATIO_SPAN = 0.005
+"""The ratio axis spans at least 1 +- this: a ratio of 1 within float error (on-policy steps)
+reads as a flat line at 1.0000, not as noise on an axis labelled `1e-7+1`."""
+
+
+def ratio_axis(ax, ratios: list[float]) -> None:
+    """Plain tick labels with 4 decimals (no offset, no scientific notation) over a span of at
+    least 1 +- RATIO_SPAN."""
+    low, high = min([1.0, *ratios]), max([1.0, *ratios])
+    ax.set_ylim(min(low, 1 - RATIO_SPAN), max(high, 1 + RATIO_SPAN))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.4f}"))
 
 
 def draw_pipeline(fig, records: list[dict]) -> list[str]:
