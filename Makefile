@@ -9,15 +9,27 @@ STAMP := $(VENV)/.installed
 # for a CPU-only torch on a machine that reaches that index.
 PIP_ARGS ?=
 
-.PHONY: setup demo test test-unit test-slow test-notebooks lint clean
+.PHONY: setup chromium demo test test-unit test-slow test-notebooks lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "grpo_lab needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev]"
 	touch $(STAMP)
+
+# The dashboard's browser test (tests/test_dashboard_browser.py) drives the system Chromium,
+# never playwright's own download: install Debian's `chromium` when none is found and apt-get
+# can (as root, or with sudo that needs no password); otherwise that test skips and says why.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	    sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	    echo "installing chromium with apt-get (for the dashboard's browser test)"; \
+	    $$sudo apt-get update -qq >/dev/null && \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  else echo "no chromium, and apt-get cannot install it here: the dashboard's browser test will skip"; fi; }
 
 demo: setup
 	$(BIN)/grpo-lab demo

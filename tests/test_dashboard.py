@@ -151,6 +151,103 @@ def test_plot_pipeline_reads_a_run_folder(tmp_path):
         plt.close(fig)
 
 
+def test_pipeline_plot_shows_the_version_gate_wait():
+    """Generation held back by the version gate (admission within max_staleness), not by a full
+    buffer: the diagnosis says so, and the wait plot must show it (it read 0 all run)."""
+    import matplotlib.pyplot as plt
+
+    records = run_records("trainer")
+    for r in records:
+        r["rollout/version_wait_s"], r["rollout/backpressure_s"] = r["rollout/backpressure_s"], 0.0
+    fig = plot_pipeline(records)
+    try:
+        waits = next(ax for ax in fig.axes if ax.get_title() == "rollout wait vs backpressure (s)")
+        lines = {line.get_label(): list(line.get_ydata()) for line in waits.lines}
+        assert list(lines) == ["rollout_wait_s", "backpressure_s", "version_wait_s"]
+        assert lines["version_wait_s"] == [1.5] * 30 and lines["backpressure_s"] == [0.0] * 30
+        assert "held back 1.50 s/step" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+
+
+def sync_records(steps: int = 12) -> list[dict]:
+    """Metrics as the synchronous GRPOTrainer logs them: no queue, staleness or weight sync."""
+    return [{"step": s, "reward": 0.2 + 0.02 * s, "ratio": 1.0 + (-1) ** s * 1.2e-7,
+             "loss": -6e-8, "grad_norm": 0.3, "perf/generate_s": 0.05, "perf/fwd_bwd_s": 0.04,
+             "perf/step_s": 0.09} for s in range(1, steps + 1)]
+
+
+def test_a_synchronous_run_shows_only_the_plots_that_have_data():
+    dash = Dashboard(notebook=True, min_interval_s=3600)
+    for record in sync_records():
+        dash.update(record)  # the first step draws
+    dash.flush()  # and the last
+    assert dash.panels == ["reward", "ratio (pi_theta / pi_old)", "step time (s)"]
+    assert dash.caption() == (
+        "plots: reward, ratio (pi_theta / pi_old), step time (s); no data for: rollout wait vs "
+        "backpressure (s), rollout queue size vs max, staleness (versions), weight sync (s), "
+        "generated tokens / s")
+    fig = dash.figure()
+    assert all(ax.lines for ax in fig.axes)  # no empty axes
+    assert fig.get_figheight() < 4  # one row
+    # The status line leaves out the pipeline numbers a synchronous run does not log.
+    assert dash._text.value.startswith(
+        "<code>step 12 | reward 0.440 | ratio 1.0000 | step time 0.09s</code><br><small")
+    # With the proxy's stats: the router joins the first row; unavailable stats say so.
+    assert [ax.get_title() for ax in dash.figure(router="router stats unavailable")
+            .axes] == ["reward", "ratio (pi_theta / pi_old)", "router: no stats", "step time (s)"]
+
+
+@pytest.mark.parametrize("n, shape", [(1, (1, 1)), (3, (1, 3)), (4, (1, 4)), (5, (2, 3)),
+                                      (6, (2, 3)), (7, (2, 4)), (8, (2, 4)), (9, (3, 3))])
+def test_grid_leaves_at_most_the_fewest_empty_cells(n, shape):
+    from grpo_lab.observe.plots import grid_shape
+
+    assert grid_shape(n) == shape
+
+
+def test_an_asynchronous_run_fills_every_cell():
+    stats = {"affinity": 5, "spilled": 1, "unmatched": 2, "routed": [4, 4]}
+    for router, n, columns in ((stats, 9, 3), (None, 8, 4)):
+        fig = Dashboard(notebook=False).figure(run_records("balanced"), router)
+        assert len(fig.axes) == n
+        assert {ax.get_subplotspec().get_gridspec().ncols for ax in fig.axes} == {columns}
+        assert all(ax.lines or ax.patches for ax in fig.axes)
+
+
+def _boxes(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    return renderer
+
+
+def test_ratio_axis_reads_plain_decimals_and_nothing_overlaps():
+    """The ratio stays within 1e-7 of 1 in a synchronous run: its axis used to read `1e-7+1`,
+    its title ran into the figure's title, and tick labels into the next row's titles."""
+    records = run_records("balanced")
+    for r in records:
+        r["ratio"] = 1.0 + (-1) ** r["step"] * 1.2e-7
+    fig = Dashboard(notebook=False, title="a title").figure(records, {"affinity": 1})
+    renderer = _boxes(fig)
+    ratio = fig.axes[1]
+    assert ratio.get_title() == "ratio (pi_theta / pi_old)"
+    assert ratio.yaxis.get_offset_text().get_text() == ""  # no `1e-7+1`
+    assert ratio.yaxis.get_major_formatter()(1.00000012) == "1.0000"
+    labels = [t.get_text() for t in ratio.get_yticklabels() if t.get_text()]
+    assert len(set(labels)) == len(labels) >= 3 and all(len(t.split(".")[1]) == 4 for t in labels)
+    low, high = ratio.get_ylim()
+    assert low <= 0.995 and high >= 1.005
+
+    titles = [ax.title.get_window_extent(renderer) for ax in fig.axes]
+    suptitle = fig._suptitle.get_window_extent(renderer)
+    assert not any(box.overlaps(suptitle) for box in titles)
+    ticks = [label.get_window_extent(renderer) for ax in fig.axes
+             for label in ax.get_xticklabels() + [ax.xaxis.label] if label.get_text()]
+    assert ticks and not any(t.overlaps(b) for t in ticks for b in titles)
+
+
 def _metrics_server(text: str):
     """A loopback HTTP server answering GET /metrics with `text` (a replica's Prometheus page)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -44,6 +44,27 @@ def test_trainer_applies_the_schedule(tiny_model_dir):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # halfway down
 
 
+def test_a_lora_run_prints_no_deprecation_warning_and_no_nan_accuracy(tiny_model_dir, capsys):
+    """Two things a learner saw in red or as noise in every run: transformers' FutureWarning
+    about `is_gradient_checkpointing` (read by peft when it wraps the model), and `acc=nan` in
+    the progress bar on steps without an evaluation."""
+    import warnings
+
+    cfg = GRPOConfig(model=str(tiny_model_dir), steps=2, prompts_per_step=2, num_generations=2,
+                     eval_every=0, eval_size=4, progress=True, log_every=100,
+                     log_completions_every=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = GRPOTrainer(cfg)
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert not deprecations, deprecations
+    assert trainer.num_trainable > 0  # the LoRA adapter is in place
+    trainer.train()
+    bar = capsys.readouterr().err
+    assert "reward=" in bar and "acc=" in bar  # the last step evaluates
+    assert "acc=nan" not in bar
+
+
 def test_config_round_trips_and_rejects_unknown_fields():
     cfg = GRPOConfig(steps=3)
     assert GRPOConfig.from_dict(cfg.to_dict()) == cfg

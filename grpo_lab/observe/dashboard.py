@@ -7,9 +7,10 @@
 
 In a notebook `Dashboard` shows an ipywidgets panel (a status line and a matplotlib picture,
 redrawn at most every `min_interval_s`); elsewhere it prints the status line instead. The
-status line carries `diagnose`'s verdict (grpo_lab.observe.diagnose); the picture's lower half
-is `draw_pipeline` (grpo_lab.observe.plots), which also draws a finished run:
-`plot_pipeline(run_dir)`.
+status line carries `diagnose`'s verdict (grpo_lab.observe.diagnose). The picture holds reward
+and ratio, the router's counters when there are stats, and those of the pipeline plots of
+grpo_lab.observe.plots that have data: a synchronous run shows three plots, an asynchronous one
+up to nine. `plot_pipeline(run_dir)` draws the pipeline plots of a finished run.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from .diagnose import (
     STALE_MEAN,
     STEP,
     SYNC,
+    VERSION_WAIT,
     WAIT,
     diagnose,
 )
-from .plots import draw_pipeline
+from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis
 
 
 def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> dict:
@@ -125,6 +127,8 @@ class Dashboard:
         self.stream = stream or sys.stdout
         self.notebook = in_notebook() if notebook is None else notebook
         self.renders = 0
+        self.panels: list[str] = []
+        """Titles of the plots in the last picture (listed under the status line in a notebook)."""
         self._next_render = float("-inf")
         self._pending = False
         self._lock = threading.Lock()
@@ -132,10 +136,12 @@ class Dashboard:
         if self.notebook:
             import ipywidgets as widgets
             from IPython.display import display
+            from matplotlib.backends import backend_agg  # noqa: F401  imported now, not in a step
 
             self._text = widgets.HTML()
             self._image = widgets.Image(format="png")
             self.widget = widgets.VBox([self._text, self._image])
+            self.widget.add_class("grpo-lab-dashboard")  # a handle for styles and browser tests
             display(self.widget)
 
     # -- feeding it ----------------------------------------------------------------------------
@@ -200,14 +206,24 @@ class Dashboard:
         router = self._router()
         line = self.line(records, router)
         if self.notebook:
-            self._text.value = f"<code>{html.escape(line)}</code>"
             self._image.value = self._png(records, router)
+            self._text.value = (f"<code>{html.escape(line)}</code><br>"
+                                f"<small style='color: gray'>{html.escape(self.caption())}</small>")
         else:
             print(line, file=self.stream, flush=True)
         self.renders += 1
-        spent = time.monotonic() - start
+        # The first picture also pays matplotlib's one-off set-up (fonts, ~0.5 s): throttling the
+        # next one by it would freeze the panel for ~10 s at max_busy 0.1.
+        spent = time.monotonic() - start if self.renders > 1 else 0.0
         self._next_render = start + max(self.min_interval_s, spent / (self.max_busy or float("inf")))
         return True
+
+    def caption(self) -> str:
+        """Which plots the picture holds, and which pipeline plots wait for data (a synchronous
+        run never logs them)."""
+        waiting = [p.title for p in PIPELINE_PANELS if p.title not in self.panels]
+        return ("plots: " + ", ".join(self.panels)
+                + ("; no data for: " + ", ".join(waiting) if waiting else ""))
 
     def _router(self) -> dict | str:
         if self.stats is None:
@@ -228,11 +244,15 @@ class Dashboard:
             return fmt.format(r[key]) if key in r else "-"
 
         parts = [f"step {r.get('step', len(records))}", f"reward {get('reward', '{:.3f}')}",
-                 f"ratio {get('ratio', '{:.4f}')}",
-                 f"staleness {get(STALE_MEAN, '{:.1f}')}/{get(STALE_MAX, '{:g}')}",
-                 f"queue {get(QUEUE, '{:g}')}/{get(QUEUE_MAX, '{:g}')}",
-                 f"wait {get(WAIT)}s", f"backpressure {get(BACKPRESSURE)}s",
-                 f"step {get(STEP)}s", f"sync {get(SYNC)}s"]
+                 f"ratio {get('ratio', '{:.4f}')}"]
+        # The pipeline's numbers, those this run logs (a synchronous run has no queue).
+        shown = ((STALE_MEAN, lambda: f"staleness {get(STALE_MEAN, '{:.1f}')}/{get(STALE_MAX, '{:g}')}"),
+                 (QUEUE, lambda: f"queue {get(QUEUE, '{:g}')}/{get(QUEUE_MAX, '{:g}')}"),
+                 (WAIT, lambda: f"wait {get(WAIT)}s"),
+                 (BACKPRESSURE, lambda: f"backpressure {get(BACKPRESSURE)}s"),
+                 (VERSION_WAIT, lambda: f"version wait {get(VERSION_WAIT)}s"),
+                 (STEP, lambda: f"step time {get(STEP)}s"), (SYNC, lambda: f"sync {get(SYNC)}s"))
+        parts += [text() for key, text in shown if key in r]
         if INFLIGHT in r:
             parts.append(f"in flight {get(INFLIGHT, '{:g}')}")
         diagnosis = diagnose(records)
@@ -245,13 +265,19 @@ class Dashboard:
         return " | ".join(parts)
 
     def figure(self, records: list[dict] | None = None, router: dict | str | None = None):
-        """The panel's picture as a matplotlib Figure (no pyplot: nothing shown twice)."""
+        """The panel's picture as a matplotlib Figure (no pyplot: nothing shown twice): reward
+        and ratio, the router when there are stats, and the pipeline plots that have data, in
+        one grid without empty cells (grpo_lab.observe.plots.grid_shape)."""
         from matplotlib.figure import Figure
 
         records = self.records if records is None else records
-        fig = Figure(figsize=(14, 6), dpi=72)
-        top, bottom = fig.subfigures(2, 1, height_ratios=[1, 2])
-        ax_reward, ax_ratio, ax_router = top.subplots(1, 3)
+        pipeline = [p for p in PIPELINE_PANELS if has_data(records, p)]
+        n = 2 + bool(router) + len(pipeline)
+        rows, _ = grid_shape(n)
+        # Constrained layout keeps titles, tick labels and the figure title apart.
+        fig = Figure(figsize=(14, 0.7 + 2.7 * rows), dpi=72, layout="constrained")
+        axes = panel_axes(fig, n)
+        ax_reward, ax_ratio = axes[:2]
         xs, ys = series(records, "reward")
         if xs:
             ax_reward.plot(xs, ys, alpha=0.4, label="reward")
@@ -262,18 +288,13 @@ class Dashboard:
         ax_ratio.plot(xs, ys)
         ax_ratio.axhline(1.0, color="gray", lw=0.8, ls=":")
         ax_ratio.set_title("ratio (pi_theta / pi_old)", fontsize=9)
-        counters = router if isinstance(router, dict) else {}
-        kinds = [k for k in ("affinity", "spilled", "unmatched") if k in counters]
-        ax_router.bar(kinds, [counters[k] for k in kinds], color=["C2", "C1", "C3"][: len(kinds)])
-        routed = counters.get("routed")
-        hit_rate = counters.get("cache_hit_rate")
-        ax_router.set_title("router" + (f" (routed {routed})" if routed is not None else
-                                        "" if counters else ": no stats")
-                            + (f", cache hits {hit_rate:.0%}" if hit_rate is not None else ""),
-                            fontsize=9)
-        for ax in (ax_reward, ax_ratio, ax_router):
+        ratio_axis(ax_ratio, ys)
+        for ax in (ax_reward, ax_ratio):
             ax.grid(alpha=0.3)
-        draw_pipeline(bottom, records)
+        if router:
+            draw_router(axes[2], router)
+        for ax, panel in zip(axes[2 + bool(router):], pipeline):
+            draw_panel(ax, records, panel)
         fig.suptitle(self.title, fontsize=10)
         return fig
 
@@ -283,7 +304,22 @@ class Dashboard:
         fig = self.figure(records, router)
         buffer = io.BytesIO()
         FigureCanvasAgg(fig).print_png(buffer)
+        self.panels = [ax.get_title() for ax in fig.axes]
         return buffer.getvalue()
+
+
+def draw_router(ax, router: dict | str) -> None:
+    """The router's counters as bars (affinity, spilled, unmatched), routed and the replicas'
+    cache hit rate in the title; a message when the stats could not be read."""
+    counters = router if isinstance(router, dict) else {}
+    kinds = [k for k in ("affinity", "spilled", "unmatched") if k in counters]
+    ax.bar(kinds, [counters[k] for k in kinds], color=["C2", "C1", "C3"][: len(kinds)])
+    routed = counters.get("routed")
+    hit_rate = counters.get("cache_hit_rate")
+    ax.set_title("router" + (f" (routed {routed})" if routed is not None else
+                             "" if counters else ": no stats")
+                 + (f", cache hits {hit_rate:.0%}" if hit_rate is not None else ""), fontsize=9)
+    ax.grid(alpha=0.3)
 
 
 class _Follower:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,13 @@ class GRPOTrainer:
             lora_dropout=0.0,
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(model, lora).train()
+        with warnings.catch_warnings():
+            # peft 0.21's PeftModel reads transformers' deprecated `is_gradient_checkpointing`
+            # (peft/peft_model.py), which prints a FutureWarning in every run; grpo_lab itself
+            # calls the new activation_checkpointing API. Only that message is hidden.
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            return get_peft_model(model, lora).train()
 
     # ------------------------------------------------------------------ the algorithm
 
