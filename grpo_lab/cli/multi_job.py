@@ -57,8 +57,12 @@ points (against +23.8, +21.1, +18.9 at 1.0); the demo itself: +22.5, +25.6, +21.
 TINY_BLOCK_SIZE = 4
 """KV block size of the demo's replicas and proxy on the tiny model: its prompts ("53+05=" and a
 BOS) are 7 tokens, less than vLLM's 16-token block, so at 16 nothing would be routed by prefix
-or cached. At 4 each prompt has one full block: the G requests of one group (n = 1 each, the
-blog's request shape) go to the replica that already holds that block, as the blog's proxy did."""
+or cached. At 4 each prompt has one full block to route and cache on. The demo asks for a
+prompt's G completions in one request (n = G): the blog's shape (G requests of n = 1, which the
+router sends after the first, 88 % affinity; notebook 07) costs the demo 12-16 s more training
+on 2 cores (benchmarks/demo.py: 67-71 s against 55 s), past its 60 s target. So the demo's
+router counts affinity only when another prompt of the step shares the block, and its replicas'
+prefix caches hit within each request's G sequences."""
 
 
 def multi_job_config(args) -> AsyncGRPOConfig:
@@ -139,8 +143,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     plan = recipe_plan(backend="local", replicas=replicas, lora_rank=config.lora_rank,
                        max_staleness=config.max_staleness, bucket=str(bucket), run_name=RUN_NAME,
                        base_model=config.model, health_timeout_s=180, block_size=block_size,
-                       trainer_args=(*DEFAULT_TRAINER_ARGS, *trainer_flags(config),
-                                     "--request-shape", "single"))
+                       trainer_args=(*DEFAULT_TRAINER_ARGS, *trainer_flags(config)))
     out = bucket / RUN_NAME
     proxy_url = f"http://127.0.0.1:{plan['proxy'].ports[0]}"
     start = time.perf_counter()
