@@ -132,6 +132,31 @@ def test_follow_tails_a_metrics_file_written_while_it_reads(tmp_path):
     assert len(more.records) == 13
 
 
+def test_follow_survives_a_metrics_file_rewritten_shorter(tmp_path):
+    """A resumed trainer trims metrics.jsonl to its checkpoint and writes on: the follower
+    starts again from the top of the shorter file instead of reading across the rewrite."""
+    path = tmp_path / "metrics.jsonl"
+
+    def lines(steps, reward):
+        return "".join(json.dumps({"step": i, "reward": reward}) + "\n" for i in steps)
+
+    path.write_text(lines(range(1, 21), 0.1))
+    polls = []
+
+    def until():  # called once per poll, before the read
+        polls.append(1)
+        if len(polls) == 2:  # the kill and the resume: 3 steps kept, a 4th half written
+            path.write_text(lines(range(1, 4), 0.1) + '{"step": 4, "rew')
+        elif len(polls) == 3:
+            with path.open("a") as f:
+                f.write('ard": 0.3}\n')
+        return len(polls) >= 4
+
+    dash = Dashboard(notebook=False, stream=io.StringIO(), min_interval_s=0)
+    assert dash.follow(path, until=until, poll_s=0, timeout_s=30) == 24
+    assert [r["step"] for r in dash.records[-4:]] == [1, 2, 3, 4]
+    assert dash.records[-1] == {"step": 4, "reward": 0.3}
+
 def test_plot_pipeline_reads_a_run_folder(tmp_path):
     import matplotlib.pyplot as plt
 

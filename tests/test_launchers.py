@@ -186,6 +186,18 @@ def test_wait_returns_the_exit_code_and_notices_a_dying_dependency(tmp_path):
     assert_no_orphans(run)
 
 
+def test_preempt_and_restart_kills_the_whole_job_and_starts_it_again(tmp_path):
+    """A preemption: SIGKILL to the job's process group (its own children too), then the same
+    command again, healthy before it returns; the stop at the end takes the new process too."""
+    pidfile = tmp_path / "grandchild.pid"
+    with LocalLauncher(RunPlan([server_job("a", pidfile=pidfile)]), tmp_path, grace_s=1.0) as run:
+        first, first_child = run.procs["a"], int(pidfile.read_text())
+        assert run.preempt_and_restart("a") == -signal.SIGKILL
+        assert wait_dead([first.pid, first_child])
+        assert run.procs["a"] is not first and run.running("a")
+        assert int(pidfile.read_text()) != first_child  # the new process wrote its own
+    assert_no_orphans(run, [int(pidfile.read_text())])
+
 def test_missing_secret_or_unmountable_bucket_starts_nothing(tmp_path):
     job = server_job("a", secrets=["GRPO_LAB_TEST_SECRET"])
     launcher = LocalLauncher(RunPlan([job]), tmp_path, environ={})

@@ -81,13 +81,6 @@ def test_world_size_ping_and_weight_transfer_routes():
     run(body())
 
 
-def test_reset_prefix_cache_reaches_every_replica():
-    async def body():
-        async with fleet(3) as f:
-            status, _, _ = await f.post("/reset_prefix_cache")
-            assert status == 200 and [s.cache_resets for s in f.stubs] == [1, 1, 1]
-    run(body())
-
 
 def test_already_loaded_from_the_same_path_is_success():
     async def body():

@@ -126,7 +126,11 @@ NOTEBOOK_GOALS = {
     },
     "07_multi_job_async_lora": {
         "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
-        "syncs == steps + 1": lambda r: r["syncs"] == r["steps"] + 1,
+        "every version published once, no gap (a resume included)":
+            lambda r: r["versions_contiguous"] and r["syncs"] == r["version"] + 1
+            and r["version"] >= r["steps"],
+        "preempted trainer resumed from a checkpoint":
+            lambda r: r["killed_at"] is None or (r["resumed_from"] or "").startswith("step-"),
         "every replica routed": lambda r: min(r["routed"]) > 0,
         "served versions == max_staleness + 1":
             lambda r: len(r["served"]) == r["max_staleness"] + 1,
@@ -142,6 +146,9 @@ NOTEBOOK_GOALS = {
         "r3 in-flight peak == 1": lambda r: r["inflight_peak"]["r3-two-replicas"] == 1,
         "r5 syncs faster than r4":
             lambda r: r["weight_sync_s"]["r5-sync-interval"] < r["weight_sync_s"]["r4-lift-cap"],
+        "packing: fewer forward tokens, the same loss and gradient":
+            lambda r: r["packing_token_ratio"] < 0.8 and r["packing_loss_diff"] < 1e-5
+            and r["packing_grads_equal"],
     },
     "09_your_model_your_data": {
         "accuracy gain >= 5 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.05,

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -119,6 +120,18 @@ class LocalLauncher:
             raise LaunchError(f"job {job.name!r} could not start: {exc}") from exc
         self.procs[job.name] = proc
         self._started.append(proc)
+
+    def preempt_and_restart(self, name: str) -> int:
+        """Kill job `name` with SIGKILL (its whole process group, as a reclaimed machine goes)
+        and start it again with the same command, as a platform restarts a preempted job.
+        Returns the killed process's exit code (-9)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait(timeout=30)
+        self._start_job(self.plan[name])
+        self._wait_healthy(self.plan[name])
+        return code
 
     @staticmethod
     def _check_volume(job: JobSpec, volume: BucketMount) -> None:

@@ -183,6 +183,11 @@ def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, 
                       block_size=cfg.block_size, **flags)
 
 
+def _router_flags(cfg: RecipeConfig) -> dict:
+    """The proxy's block size when it is not the default 16 (the servers' must be the same)."""
+    return {"block_size": cfg.block_size} if cfg.block_size != 16 else {}
+
+
 def recipe_plan(config: RecipeConfig | None = None, *,
                 trainer_args: tuple[str, ...] | list[str] | None = None, **fields) -> RunPlan:
     """docs/recipe.md's run as a plan: N replicas, a proxy, a trainer, one bucket.
@@ -262,7 +267,7 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     jobs.append(JobSpec(
         name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port,
-                                                      block_size=cfg.block_size)],
+                                                      **_router_flags(cfg))],
         env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
@@ -308,7 +313,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     proxy_port = port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", proxy_port,
-                       upstream_token_env="HF_TOKEN", block_size=cfg.block_size)
+                       upstream_token_env="HF_TOKEN", **_router_flags(cfg))
     # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
     # update-alternatives), and the reference's job scripts call python3 too
     wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",

@@ -173,14 +173,20 @@ class Dashboard:
             while True:
                 done = bool(until and until())  # decided before the read: no line is missed
                 if path.exists():
+                    if path.stat().st_size < offset:  # rewritten (a resumed trainer trims it)
+                        offset, partial = 0, b""
                     with path.open("rb") as f:
                         f.seek(offset)
                         chunk = f.read()
                         offset += len(chunk)
                     *lines, partial = (partial + chunk).split(b"\n")
                     for line in lines:
-                        if line.strip():
-                            self.update(json.loads(line))
+                        try:
+                            record = json.loads(line) if line.strip() else None
+                        except ValueError:  # read across a rewrite: skip, the next poll resyncs
+                            record = None
+                        if isinstance(record, dict):
+                            self.update(record)
                             count += 1
                 if done or (deadline is not None and time.monotonic() >= deadline):
                     break
