@@ -1,32 +1,38 @@
 """Benchmark the reason for the proxy: KV-affinity routing against round-robin, prefix caches on.
 
-    python benchmarks/routing_cache.py                 # ~1.5 minutes on 2 cores
-    python benchmarks/routing_cache.py --prompts 8 --rounds 1   # the test's configuration
+    python benchmarks/routing_cache.py            # ~5 minutes on 2 cores: 2 workloads x 2 and 4 replicas
+    python benchmarks/routing_cache.py --workloads chat --replicas 2 --prompts 8 --rounds 1  # the test
 
-What runs, each in its own process with one torch thread: two `grpo-lab serve` replicas of the
-offline chat model (prefix caching on, as by default) and `grpo-lab proxy` in front of them,
+What runs, each in its own process with one torch thread: R `grpo-lab serve` replicas (prefix
+caching on, as by default, 16-token blocks as vLLM's) and `grpo-lab proxy` in front of them,
 started with `--routing affinity` and with `--routing round-robin` in turn (3 rounds of each,
 alternating which goes first). Each run is `grpo_lab.observe.routing_runs.routing_run` (notebook
-06 runs it on the tiny model): a fresh proxy, both replicas' prefix caches flushed through it
-(`POST /reset_prefix_cache`), so each run starts cold with the same requests. Token counts are
-summed over the rounds; completions per second is the median round.
+06 runs it too): a fresh proxy, every replica's prefix cache flushed through it, so each run
+starts cold with the same requests. Token counts are summed over the rounds; completions per
+second is the median round.
 
-The workload is the blog's request shape: each prompt is sent as G = 8 requests of n = 1 (as
-TRL's rollout worker does), prompt after prompt, with a bounded number in flight. Prompts are
-chat-templated word problems (the system prompt is a shared prefix), sent as token ids.
+The traffic is the blog's request shape: each prompt sent as G = 8 requests of n = 1 (as TRL's
+rollout worker does), prompt after prompt, a bounded number in flight. Two workloads:
+- `chat`: the offline chat model's word problems, chat-templated behind its system prompt (the
+  shared prefix), ~41 tokens: one template block, one block of the problem's own, ~9 tokens after
+  the last full block;
+- `few-shot`: the tiny model's 8-digit sums behind three worked examples (a `PrefixedTask`, as
+  in notebook 06), 50 tokens: two template blocks, one block of the problem's own, a 2-token tail.
 
-What is measured per routing, from the replicas' own counters (their Prometheus `/metrics`,
-vLLM's `vllm:prefix_cache_queries_total` and `_hits_total`, summed):
-- prefill tokens computed = prompt tokens - prompt tokens read from the prefix cache;
-- prefix-cache hit rate = hit tokens / queried tokens;
-- completions per second, end to end through the proxy;
-and the ratios affinity / round-robin.
+What is measured, from the replicas' own counters (their Prometheus `/metrics`, vLLM's
+`vllm:prefix_cache_queries_total` and `_hits_total`, summed): prefill tokens computed (prompt
+tokens - prompt tokens read from the prefix cache), prefix-cache hit rate, completions per
+second end to end through the proxy, and the ratios affinity / round-robin.
 
-Why the prefill ratio cannot reach 1/2 with 2 replicas: a prompt's own full blocks (U tokens)
-are computed once per replica that sees the prompt, and the partial block at its end (t tokens,
-never cached) by every request. Affinity computes U + G*t per prompt, round-robin 2U + G*t, so
-the ratio is above 1/2 and tends to it only as t/U shrinks. These prompts are ~41 tokens: one
-template block, one block of their own, ~9 tokens uncached at the end.
+Why the prefill ratio cannot reach 1/2 with 2 replicas, whatever the router: a prompt's own full
+blocks (U tokens) are computed once per replica that sees the prompt, and the tokens after its
+last full block (t, never cached; at least the last token, whose logits start the completion)
+by every request. Affinity computes U + G*t per prompt, round-robin min(G, R)*U + G*t; with
+R = 2 that ratio is above 1/2 for any t > 0. With 4 replicas round-robin computes each prompt's
+own blocks 4 times, and the ratio falls below 1/2 when t is small next to U (the few-shot
+workload); the chat workload's 9-token tail keeps it above. `predicted_prefill_tokens` counts
+this exactly for the prompts sent (replicas that fill their caches one request at a time, no
+spill), next to what the replicas measured.
 Results go to benchmarks/results/routing_cache.json and are printed.
 """
 
@@ -37,14 +43,17 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
 
 GOALS = {"prefill_ratio_max": 0.5}
+BLOCK_SIZE = 16  # vLLM's default --block-size, and grpo-lab serve's
+FEW_SHOT_TEMPLATE = "12+30=042,66+21=087,07+45=052, "  # <bos> + 31 characters: 2 full blocks
 
 
-def make_prompts(n_prompts: int) -> tuple[str, list[list[int]]]:
+def chat_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
     """(model path, token ids of the first `n_prompts` training word problems, chat-templated)."""
     from transformers import AutoTokenizer
 
@@ -56,6 +65,48 @@ def make_prompts(n_prompts: int) -> tuple[str, list[list[int]]]:
     with open(path / "data" / "train.jsonl") as f:
         questions = [json.loads(line)["question"] for _, line in zip(range(n_prompts), f)]
     return str(path), encode_prompts(tokenizer, questions, system_prompt=SYSTEM_PROMPT)
+
+
+def few_shot_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
+    """(model path, token ids of `n_prompts` 8-digit sums behind the worked examples)."""
+    from transformers import AutoTokenizer
+
+    from grpo_lab.core.tasks import AdditionTask, PrefixedTask
+    from grpo_lab.core.tiny_model import tiny_model_path
+
+    path = tiny_model_path(progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    task = PrefixedTask(AdditionTask(digits=8, eval_size=n_prompts), FEW_SHOT_TEMPLATE)
+    return str(path), tokenizer([p.prompt for p in task.eval_set()])["input_ids"]
+
+
+WORKLOADS = {"chat": chat_workload, "few-shot": few_shot_workload}
+MAX_TOKENS = {"chat": 16, "few-shot": 10}
+"""Completion tokens per request: the tiny model's 64 positions leave 14 after a 50-token prompt
+(a 9-digit answer and its end-of-sequence token need 10)."""
+
+
+def predicted_prefill_tokens(prompts: list[list[int]], routing: str, replicas: int,
+                             group_size: int, block_size: int = BLOCK_SIZE) -> int:
+    """Prefill tokens computed if each replica filled its (unbounded) cache one request at a
+    time: round-robin sends request k to replica k mod R; affinity keeps a prompt's requests on
+    one replica, prompts spread evenly. As the server, a cached prefix leaves >= 1 token."""
+    from grpo_lab.serving.block_hashes import chained_block_hashes
+
+    cached: list[set[int]] = [set() for _ in range(replicas)]
+    computed, k = 0, 0
+    for i, ids in enumerate(prompts):
+        hashes = chained_block_hashes(ids, "", block_size)
+        usable = (len(ids) - 1) // block_size  # keep >= 1 token to compute
+        for _ in range(group_size):
+            replica = k % replicas if routing == "round-robin" else i % replicas
+            k += 1
+            hit = 0
+            while hit < usable and hashes[hit] in cached[replica]:
+                hit += 1
+            computed += len(ids) - hit * block_size
+            cached[replica].update(hashes)
+    return computed
 
 
 def summarize(results: list[dict]) -> dict:
@@ -72,63 +123,54 @@ def summarize(results: list[dict]) -> dict:
             "router_first_round": results[0]["router"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=48, help="word problems sent")
-    parser.add_argument("--group-size", type=int, default=8, help="G: requests of n=1 per prompt")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--max-inflight", type=int, default=32, help="requests in flight at most")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each routing")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "routing_cache.json")
-    args = parser.parse_args(argv)
-
-    import tempfile
-
+def measure(workload: str, n_replicas: int, args, log_dir: Path) -> dict:
+    """Both routings, `args.rounds` times each, on `n_replicas` fresh replicas of the workload."""
     from grpo_lab.serving.client import BlockingClient
     from grpo_lab.serving.process import start_server_process
 
-    model_path, prompts = make_prompts(args.prompts)
-    log_dir = Path(tempfile.mkdtemp(prefix="routing-cache-"))
+    model_path, prompts = WORKLOADS[workload](args.prompts)
+    max_tokens = args.max_tokens or MAX_TOKENS[workload]
     replicas = []
     try:
-        for k in range(2):
-            replicas.append(start_server_process(model_path, num_threads=1, dev_mode=True,
-                                                 log_path=log_dir / f"replica{k}.log"))
+        for k in range(n_replicas):
+            replicas.append(start_server_process(
+                model_path, num_threads=1, dev_mode=True,
+                log_path=log_dir / f"{workload}-{n_replicas}-replica{k}.log"))
         urls = [r.url for r in replicas]
         with BlockingClient(urls[0]) as client:
             model = client.models()[0]["id"]
         for url in urls:  # first forward passes are slow: keep them out of the timing
-            send_groups(url, model, prompts[:1], group_size=2, max_tokens=args.max_tokens,
+            send_groups(url, model, prompts[:1], group_size=2, max_tokens=max_tokens,
                         max_inflight=2)
         rounds = {routing: [] for routing in ROUTINGS}
         for r in range(args.rounds):  # alternate which routing goes first
             for routing in ROUTINGS if r % 2 == 0 else ROUTINGS[::-1]:
                 rounds[routing].append(routing_run(
                     urls, model, prompts, routing=routing, group_size=args.group_size,
-                    max_tokens=args.max_tokens, max_inflight=args.max_inflight,
-                    log_path=log_dir / f"proxy-{routing}.log"))
-                print(f"round {r + 1} {routing}: " + json.dumps(rounds[routing][-1]))
+                    max_tokens=max_tokens, max_inflight=args.max_inflight,
+                    log_path=log_dir / f"proxy-{workload}-{n_replicas}-{routing}.log"))
+                print(f"{workload}, {n_replicas} replicas, round {r + 1}, {routing}: "
+                      + json.dumps(rounds[routing][-1]), flush=True)
+                if rounds[routing][-1]["failed"]:  # a comparison of failures measures nothing
+                    raise RuntimeError(f"{rounds[routing][-1]['failed']} requests failed: see "
+                                       f"the replicas' and the proxy's logs in {log_dir}")
     finally:
         for replica in replicas:
             replica.stop()
 
     runs = {routing: summarize(results) for routing, results in rounds.items()}
+    predicted = {routing: args.rounds * predicted_prefill_tokens(
+        prompts, routing, n_replicas, args.group_size) for routing in ROUTINGS}
     aff, rr = runs["affinity"], runs["round-robin"]
     prefill_ratio = round(aff["prefill_tokens_computed"] / rr["prefill_tokens_computed"], 3)
-    results = {
-        "what": "2 grpo-lab serve replicas of the chat model (prefix caching on) behind grpo-lab "
-                "proxy, --routing affinity vs round-robin, same requests, caches flushed between",
-        "machine": {"cpus": os.cpu_count(), "loadavg_after": [round(x, 2)
-                                                              for x in os.getloadavg()]},
-        "workload": {"prompts": args.prompts, "group_size": args.group_size,
-                     "requests": args.prompts * args.group_size, "max_tokens": args.max_tokens,
-                     "max_inflight": args.max_inflight,
-                     "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1)},
-        "rounds": args.rounds,
+    return {
+        "workload": workload, "replicas": n_replicas, "max_tokens": max_tokens,
+        "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1),
         "runs": runs,
+        "predicted_prefill_tokens": predicted,
         "ratios_affinity_over_round_robin": {
             "prefill_tokens_computed": prefill_ratio,
+            "predicted_prefill_tokens": round(predicted["affinity"] / predicted["round-robin"], 3),
             "prefix_cache_hit_rate": round(aff["prefix_cache_hit_rate"]
                                            / rr["prefix_cache_hit_rate"], 3),
             "completions_per_s": round(aff["completions_per_s"] / rr["completions_per_s"], 3),
@@ -137,10 +179,50 @@ def main(argv: list[str] | None = None) -> int:
                   "affinity faster end to end":
                       aff["completions_per_s"] > rr["completions_per_s"]},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="chat,few-shot",
+                        help=f"comma separated, of {sorted(WORKLOADS)}")
+    parser.add_argument("--replicas", default="2,4", help="replica counts, comma separated")
+    parser.add_argument("--prompts", type=int, default=48, help="prompts sent per run")
+    parser.add_argument("--group-size", type=int, default=8, help="G: requests of n=1 per prompt")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"completion tokens per request (default per workload: {MAX_TOKENS})")
+    parser.add_argument("--max-inflight", type=int, default=32, help="requests in flight at most")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each routing")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "routing_cache.json")
+    args = parser.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown or not workloads:
+        parser.error(f"unknown workloads {unknown}: choose from {sorted(WORKLOADS)}")
+    try:
+        replica_counts = [int(r) for r in args.replicas.split(",")]
+    except ValueError:
+        parser.error(f"--replicas takes whole numbers, comma separated (got {args.replicas!r})")
+    if not replica_counts or min(replica_counts) < 2:
+        parser.error("--replicas: each count must be >= 2 (routing needs a choice)")
+
+    log_dir = Path(tempfile.mkdtemp(prefix="routing-cache-"))
+    configurations = [measure(w, r, args, log_dir) for w in workloads for r in replica_counts]
+    results = {
+        "what": "R grpo-lab serve replicas (prefix caching on, 16-token blocks) behind grpo-lab "
+                "proxy, --routing affinity vs round-robin, same requests, caches flushed between",
+        "machine": {"cpus": os.cpu_count(), "loadavg_after": [round(x, 2)
+                                                              for x in os.getloadavg()]},
+        "traffic": {"prompts": args.prompts, "group_size": args.group_size,
+                    "requests": args.prompts * args.group_size,
+                    "max_inflight": args.max_inflight, "rounds": args.rounds},
+        "configurations": configurations,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results["ratios_affinity_over_round_robin"], indent=2))
-    print(json.dumps(results["goals"]))
+    for c in configurations:
+        print(f"{c['workload']:9} {c['replicas']} replicas: "
+              + json.dumps(c["ratios_affinity_over_round_robin"]) + " " + json.dumps(c["goals"]))
     print(f"wrote {args.out}")
     return 0
 

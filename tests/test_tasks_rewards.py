@@ -6,7 +6,7 @@ import random
 import pytest
 
 from grpo_lab.core import rewards as R
-from grpo_lab.core.tasks import AdditionTask, SortTask, make_task
+from grpo_lab.core.tasks import AdditionTask, PrefixedTask, SortTask, few_shot_prefix, make_task
 
 
 def test_addition_is_zero_padded_and_correct():
@@ -30,6 +30,52 @@ def test_eval_set_is_fixed_and_never_sampled_for_training():
     held = {p.prompt for p in task.eval_set()}
     assert len(held) == 30
     assert not held & {p.prompt for p in task.sample_batch(random.Random(0), 500)}
+
+
+def test_few_shot_prompts_share_a_template_and_keep_the_tasks_problems():
+    bare, shots = make_task("addition", eval_size=40), make_task("addition", eval_size=40,
+                                                                 few_shot=3)
+    prefix = shots.prefix
+    assert prefix == few_shot_prefix(bare, 3) and len(prefix) == 3 * len("12+34=046,")
+    for example in prefix.rstrip(",").split(","):  # each example is solved correctly
+        a, b, total = example.replace("+", " ").replace("=", " ").split()
+        assert int(a) + int(b) == int(total)
+    assert [p.answer for p in shots.eval_set()] == [p.answer for p in bare.eval_set()]
+    assert [p.prompt for p in shots.eval_set()] == [prefix + p.prompt for p in bare.eval_set()]
+    # Training draws the bare task's problems, in the same order, behind the prefix.
+    drawn = shots.sample_batch(random.Random(7), 200)
+    assert [p.prompt for p in drawn] == [prefix + p.prompt
+                                         for p in bare.sample_batch(random.Random(7), 200)]
+    assert not {p.prompt for p in drawn} & {p.prompt for p in shots.eval_set()}
+    assert shots.max_answer_chars == bare.max_answer_chars and shots.name == "addition"
+
+
+def test_a_few_shot_template_fills_whole_kv_blocks_every_prompt_shares():
+    from grpo_lab.core.tokenizer import build_char_tokenizer
+    from grpo_lab.serving.block_hashes import chained_block_hashes
+
+    tokenizer = build_char_tokenizer()
+    task = make_task("addition", eval_size=20, few_shot=3)  # <bos> + 30 characters of examples
+    ids = [tokenizer(p.prompt)["input_ids"] for p in task.eval_set()]
+    hashes = [tuple(chained_block_hashes(i, "", 4)) for i in ids]
+    assert len({h[:7] for h in hashes}) == 1  # 28 template tokens: 7 blocks of 4 in common
+    assert len({h[7:] for h in hashes}) == len(ids)  # then every prompt is its own
+
+
+def test_prefix_and_few_shot_bad_input_fail_clearly():
+    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.core.datasets import DatasetTask
+    from grpo_lab.core.tasks import Problem
+
+    with pytest.raises(ValueError, match="few_shot must be >= 0"):
+        GRPOConfig(few_shot=-1)
+    with pytest.raises(ValueError, match="non-empty text"):
+        PrefixedTask(AdditionTask(), "")
+    chats = DatasetTask([Problem([{"role": "user", "content": f"{i}?"}], str(i))
+                         for i in range(10)], eval_fraction=0.5)
+    with pytest.raises(ValueError, match="needs text prompts"):
+        PrefixedTask(chats, "Answer briefly. ")
+    assert GRPOConfig(few_shot=2).make_task().prefix == few_shot_prefix(AdditionTask(), 2)
 
 
 def test_unknown_task_and_bad_difficulty_fail_clearly():

@@ -44,6 +44,24 @@ def test_trainer_applies_the_schedule(tiny_model_dir):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # halfway down
 
 
+def test_few_shot_prompts_reach_the_model_with_their_template(tiny_model_dir):
+    """`--few-shot 2`: every prompt the trainer samples for and scores starts with the same
+    worked examples, and the model reads them (the prompt ids are longer by the template)."""
+    from grpo_lab.core.tasks import AdditionTask, few_shot_prefix
+
+    cfg = GRPOConfig(model=str(tiny_model_dir), steps=1, prompts_per_step=2, num_generations=2,
+                     eval_every=0, eval_size=4, progress=False, few_shot=2)
+    trainer = GRPOTrainer(cfg)
+    prefix = few_shot_prefix(AdditionTask(), 2)
+    problems = trainer.task.sample_batch(trainer.rng, 2)
+    assert all(p.prompt.startswith(prefix) and len(p.prompt) == len(prefix) + 6 for p in problems)
+    batch, out, _ = trainer.make_batch(problems)
+    prompt_ids = trainer.tokenizer([p.prompt for p in problems])["input_ids"]
+    assert [len(i) for i in prompt_ids] == [1 + len(prefix) + 6] * 2  # <bos>, one per character
+    assert len(out.texts) == 4 and batch.advantages.shape == (4,)
+    assert all(p.prompt.startswith(prefix) for p in trainer.task.eval_set())
+
+
 def test_a_lora_run_prints_no_deprecation_warning_and_no_nan_accuracy(tiny_model_dir, capsys):
     """Two things a learner saw in red or as noise in every run: transformers' FutureWarning
     about `is_gradient_checkpointing` (read by peft when it wraps the model), and `acc=nan` in

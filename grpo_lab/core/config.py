@@ -12,7 +12,7 @@ from pathlib import Path
 from .devices import DTYPES
 from .grpo_loss import LOSS_TYPES
 from .reward_set import RewardSet
-from .tasks import TASKS, make_task
+from .tasks import TASKS, make_task, with_few_shot
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -52,6 +52,11 @@ class GRPOConfig:
     """One weight per reward, comma separated (None = 1 each): `1,0.2`."""
     system_prompt: str | None = None
     """System message put before each prompt (models with a chat template only)."""
+    few_shot: int = 0
+    """Worked examples of the task put before every text prompt (`32+07=039,52+08=060,99+56=`):
+    every prompt then shares a template of several KV blocks, as real GRPO prompts do (prefix
+    caching, KV routing). For a model that reads few-shot prompts: the tiny model was warmed up
+    on bare ones. 0 = bare prompts."""
     chat_template: bool | None = None
     """Format text prompts with the tokenizer's chat template: None = when it has one
     (grpo_lab.core.prompts); conversational prompts always use it."""
@@ -168,20 +173,24 @@ class GRPOConfig:
             problems.append("log_completions_every and num_completions_to_print must be >= 0")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
+        if self.few_shot < 0:
+            problems.append(f"few_shot must be >= 0 (got {self.few_shot})")
         if problems:
             raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
 
     def make_task(self):
         """The task this config trains on: the dataset if one is set, else the synthetic task."""
         if self.dataset is None:
-            return make_task(self.task, self.difficulty, eval_size=self.eval_size)
+            return make_task(self.task, self.difficulty, eval_size=self.eval_size,
+                             few_shot=self.few_shot)
         from .datasets import load_dataset_task  # loads `datasets` only when needed
 
-        return load_dataset_task(self.dataset, split=self.dataset_split,
+        return with_few_shot(load_dataset_task(self.dataset, split=self.dataset_split,
                                  eval_split=self.eval_split, config_name=self.dataset_config,
                                  prompt_column=self.prompt_column,
                                  answer_column=self.answer_column,
-                                 eval_fraction=self.eval_fraction, eval_size=self.eval_size)
+                                 eval_fraction=self.eval_fraction, eval_size=self.eval_size),
+                             self.few_shot)
 
     def learning_rate_at(self, step: int) -> float:
         """Computed at runtime: the learning rate of optimizer step `step` (0-based)."""

@@ -3,6 +3,13 @@
 A task turns a random generator into `Problem(prompt, answer)` pairs. The evaluation set is drawn
 once from a fixed seed and never appears in training prompts. Tasks whose problems come from a
 dataset (a file, a folder, a hub id) are in `grpo_lab.core.datasets`.
+
+Real GRPO prompts share a long prefix (a system prompt, a chat template, worked examples) before
+each problem; that shared prefix is what a replica's prefix cache and the proxy's KV routing
+reuse. `PrefixedTask` puts such a template before every prompt of a task, and `few_shot_prefix`
+writes one from the task's own solved training problems:
+
+    make_task("addition", few_shot=2)   # "32+07=039,52+08=060,99+56=" -> "155"
 """
 
 from __future__ import annotations
@@ -109,14 +116,67 @@ class SortTask(Task):
         return 2 * self.length - 1
 
 
+class PrefixedTask(Task):
+    """`task`'s problems with the same text `prefix` before every prompt (a shared template).
+
+    The problems, held-out set and answers are the task's own, drawn in the same order: only
+    the prompts grow. Text prompts only (a conversation takes a `system_prompt` instead).
+    """
+
+    def __init__(self, task: Task, prefix: str):
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"a prompt prefix must be non-empty text, got {prefix!r}")
+        self.task, self.prefix = task, prefix
+        self.name, self.eval_size = task.name, task.eval_size
+        self._eval = [self._prefixed(p) for p in task.eval_set()]
+        self._held_out_prompts = {prompt_key(p.prompt) for p in self._eval}
+
+    def _prefixed(self, problem: Problem) -> Problem:
+        if not isinstance(problem.prompt, str):
+            raise ValueError(f"{self.name}: a prompt prefix needs text prompts, this one is a "
+                             "conversation (give the model a system_prompt instead)")
+        return Problem(self.prefix + problem.prompt, problem.answer)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        return self._prefixed(self.task._draw(rng))
+
+    def sample(self, rng: random.Random) -> Problem:
+        return self._prefixed(self.task.sample(rng))  # the task's own training problem
+
+    @property
+    def max_answer_chars(self) -> int:
+        return self.task.max_answer_chars
+
+
+def few_shot_prefix(task: Task, shots: int, seed: int = 4321, separator: str = ",") -> str:
+    """`shots` solved training problems of `task`, each as prompt + answer + separator."""
+    if shots < 1:
+        raise ValueError(f"shots must be >= 1, got {shots}")
+    examples = task.sample_batch(random.Random(seed), shots)  # never a held-out problem
+    if not all(isinstance(p.prompt, str) for p in examples):
+        raise ValueError(f"{task.name}: few-shot examples need text prompts")
+    return "".join(f"{p.prompt}{p.answer}{separator}" for p in examples)
+
+
 TASKS = {"addition": AdditionTask, "sort": SortTask}
 
 
-def make_task(name: str, difficulty: int | None = None, eval_size: int = 512) -> Task:
-    """Build a task by name; `difficulty` is digits for addition, list length for sort."""
+def make_task(name: str, difficulty: int | None = None, eval_size: int = 512,
+              few_shot: int = 0) -> Task:
+    """Build a task by name; `difficulty` is digits for addition, list length for sort;
+    `few_shot` > 0 puts that many worked examples before every prompt (`PrefixedTask`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
     if difficulty is None:
-        return TASKS[name](eval_size=eval_size)
-    return TASKS[name](difficulty, eval_size=eval_size)
+        task = TASKS[name](eval_size=eval_size)
+    else:
+        task = TASKS[name](difficulty, eval_size=eval_size)
+    return with_few_shot(task, few_shot)
+
+
+def with_few_shot(task: Task, few_shot: int) -> Task:
+    """`task` itself when `few_shot` is 0, else its problems behind `few_shot` worked examples."""
+    if few_shot < 0:
+        raise ValueError(f"few_shot must be >= 0, got {few_shot}")
+    return PrefixedTask(task, few_shot_prefix(task, few_shot)) if few_shot else task
 
