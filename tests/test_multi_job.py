@@ -32,6 +32,10 @@ def test_demo_jobs_local_gains_at_least_10_points(tmp_path):
     assert summary["steps"] == steps and summary["syncs"] == steps + 1  # version 0, then one per step
     assert summary["staleness_max"] <= 1 and 0.9 < summary["ratio_min"] <= summary["ratio_max"] < 1.1
     assert sum(summary["router"]["routed"]) >= steps * 16 and min(summary["router"]["routed"]) > 0
+    # 4-token blocks make the 7-token prompts routable: some requests follow their prefix, and
+    # the replicas read whole blocks from their prefix caches (issue 15's acceptance)
+    assert summary["router"]["affinity"] > 0, summary["router"]
+    assert summary["prefix_cache"]["cache_hits"] > 0, summary["prefix_cache"]
     train = run_dir / "bucket" / "train"
     for path in (run_dir / "pipeline.png", run_dir / "training.png", train / "metrics.jsonl",
                  train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
