@@ -52,7 +52,8 @@ def add_launch_parser(sub) -> None:
                              "replace the preset's")
     launch.add_argument("trainer_args", nargs="*",
                         help="after `--`: the trainer's grpo-lab arguments, with {model}, "
-                             "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness} filled in")
+                             "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness}, {device}, "
+                             "{max_completion_length} filled in")
 
 
 def launch_main(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
 from ..observe.dashboard import proxy_stats, replica_cache_stats
 from ..observe.plots import plot_pipeline
 from ..rollout.config import AsyncGRPOConfig
+from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..train.metrics import plot_training, read_metrics
 from .flags import config_from_args
 
@@ -130,7 +131,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "demo-jobs-%Y%m%d-%H%M%S")).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     bucket = run_dir / "bucket"
-    block_size = 16  # vLLM's default
+    block_size = DEFAULT_BLOCK_SIZE  # vLLM's default
     if config.model == "tiny":
         # Build (or find) the model once, here, with every core, before any job starts: else
         # each replica and the trainer would build it at the same time on one thread each.
@@ -217,7 +218,7 @@ def print_summary(s: dict, min_gain: float) -> None:
     print("=" * 72)
 
 
-def prefix_cache_line(cache: dict, block_size: int = 16) -> str:
+def prefix_cache_line(cache: dict, block_size: int = DEFAULT_BLOCK_SIZE) -> str:
     """The replicas' prefix-cache hits, in prompt tokens (what affinity routing is for)."""
     if not cache.get("cache_queries"):
         return "no prompt tokens queried"

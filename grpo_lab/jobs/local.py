@@ -36,7 +36,7 @@ import time
 import weakref
 from pathlib import Path
 
-from ..serving.process import is_alive, spawn, stop_groups, wait_healthy
+from ..serving.process import is_alive, signal_group, spawn, stop_groups, wait_healthy
 from .specs import URL_PLACEHOLDER, BucketMount, JobSpec, RunPlan
 
 LOG_TAIL_LINES = 40
@@ -127,7 +127,7 @@ class LocalLauncher:
         Returns the killed process's exit code (-9)."""
         proc = self.procs[name]
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
         code = proc.wait(timeout=30)
         self._start_job(self.plan[name])
         self._wait_healthy(self.plan[name])

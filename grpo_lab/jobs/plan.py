@@ -29,8 +29,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core.argv import flag_args
 from ..proxy.process import proxy_args
 from ..serving.config import VLLM_LORA_RANKS
+from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..serving.process import GRPO_LAB, serve_args
 from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
@@ -92,7 +94,7 @@ class RecipeConfig:
     --max-model-len (1096 + 3000 = 4096, the reference's)."""
     max_completion_length: int = 3000
     """vLLM replicas: longest completion in tokens (the blog's 3,000)."""
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     """KV block size of the replicas' prefix caches and of the proxy's router (vLLM's
     --block-size, 16 by default). A prompt shorter than one block has nothing to be routed or
     cached on: the demo's tiny prompts (7 tokens) use 4."""
@@ -167,7 +169,7 @@ def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> l
             "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_rank)),
             "--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu_loras),
             "--logprobs-mode", "processed_logprobs",
-            *(["--block-size", str(cfg.block_size)] if cfg.block_size != 16 else []),
+            *flag_args(_block_size_flags(cfg)),  # vLLM's own default is 16
             # the model card's sampling defaults (e.g. top_p) would apply to every rollout
             "--generation-config", "vllm"]
 
@@ -183,9 +185,9 @@ def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, 
                       block_size=cfg.block_size, **flags)
 
 
-def _router_flags(cfg: RecipeConfig) -> dict:
-    """The proxy's block size when it is not the default 16 (the servers' must be the same)."""
-    return {"block_size": cfg.block_size} if cfg.block_size != 16 else {}
+def _block_size_flags(cfg: RecipeConfig) -> dict:
+    """The block size for vLLM and the proxy when it is not their default 16 (all must agree)."""
+    return {"block_size": cfg.block_size} if cfg.block_size != DEFAULT_BLOCK_SIZE else {}
 
 
 def recipe_plan(config: RecipeConfig | None = None, *,
@@ -267,7 +269,7 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     jobs.append(JobSpec(
         name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port,
-                                                      **_router_flags(cfg))],
+                                                      **_block_size_flags(cfg))],
         env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
@@ -313,7 +315,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     proxy_port = port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", proxy_port,
-                       upstream_token_env="HF_TOKEN", **_router_flags(cfg))
+                       upstream_token_env="HF_TOKEN", **_block_size_flags(cfg))
     # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
     # update-alternatives), and the reference's job scripts call python3 too
     wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",

@@ -32,7 +32,7 @@ TRL_TRAINER_ARGS = (
 data and rewards. No `--resume` (the job refuses to start over adapters it did not write) and no
 `--local-dir` (it rewrites its files whole, which a bucket mount allows)."""
 
-TRL_ONLY_JOB_FLAGS = ("request_shape", "checkpoint_every")
+TRAIN_ASYNC_ONLY_FLAGS = ("request_shape", "checkpoint_every")
 """BLOG_TRAINING keys that are train-async's own: TRL's trainer shapes its requests (n = 1) itself
 and keeps no checkpoints."""
 
@@ -43,7 +43,7 @@ def default_trainer_args(backend: str, gpu: bool = False,
     TRL_TRAINER_ARGS), plus on HF Jobs `--local-dir` (bucket mounts take whole-file writes) and
     on a GPU the blog's run."""
     if trainer == "trl":
-        blog = {k: v for k, v in BLOG_TRAINING.items() if k not in TRL_ONLY_JOB_FLAGS}
+        blog = {k: v for k, v in BLOG_TRAINING.items() if k not in TRAIN_ASYNC_ONLY_FLAGS}
         return (*TRL_TRAINER_ARGS, *(flag_args(blog) if gpu and backend != "local" else ()))
     if backend == "local":
         return DEFAULT_TRAINER_ARGS

@@ -174,7 +174,7 @@ def _trainer_class():
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
         """TRL's trainer, with its adapters saved into `bucket` (the servers' adapter folder) and,
-        off a GPU, tree attention computed by grpo_lab.rollout.trl_tree_attention."""
+        off a GPU, tree attention computed by grpo_lab.rollout.trl_cpu."""
 
         def __init__(self, *args, bucket: Path, cpu_attention: bool, **kwargs):
             super().__init__(*args, **kwargs)  # registers TRL's FlashAttention-3 tree attention

@@ -1,7 +1,7 @@
 """TRL's AsyncGRPOTrainer off a GPU: its tree attention with torch's SDPA, no CUDA queries.
 
-TRL 1.16's async trainer assumes CUDA in two places; `run_trl_off_gpu` replaces both, for the
-process it is called in (TRL's files are not touched):
+TRL 1.16's async trainer assumes CUDA in two places; `use_cpu_tree_attention` and
+`skip_cuda_queries` replace them, for the process they are called in (TRL's files are not touched):
 
     tree attention   FlashAttention-3 from the Hub -> `tree_attention_cpu` (below), registered
                      under TRL's attention name, so TRL's model code is unchanged
