@@ -47,9 +47,9 @@ import tempfile
 from pathlib import Path
 
 from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
+from grpo_lab.serving.prefix_cache import DEFAULT_BLOCK_SIZE  # 16, vLLM's default --block-size
 
 GOALS = {"prefill_ratio_max": 0.5}
-BLOCK_SIZE = 16  # vLLM's default --block-size, and grpo-lab serve's
 FEW_SHOT_TEMPLATE = "12+30=042,66+21=087,07+45=052, "  # <bos> + 31 characters: 2 full blocks
 
 
@@ -87,7 +87,7 @@ MAX_TOKENS = {"chat": 16, "few-shot": 10}
 
 
 def predicted_prefill_tokens(prompts: list[list[int]], routing: str, replicas: int,
-                             group_size: int, block_size: int = BLOCK_SIZE) -> int:
+                             group_size: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Prefill tokens computed if each replica filled its (unbounded) cache one request at a
     time: round-robin sends request k to replica k mod R; affinity keeps a prompt's requests on
     one replica, prompts spread evenly. As the server, a cached prefix leaves >= 1 token."""

@@ -84,3 +84,22 @@ def test_core_dependencies_leave_the_images_torch_alone():
     notebook_only = {_name(d) for d in project["optional-dependencies"]["notebooks"]}
     assert not notebook_only & set(core), notebook_only & set(core)
     assert "torch" in {_name(d) for d in project["optional-dependencies"]["cpu"]}
+
+
+def test_modules_that_draw_nothing_import_without_the_notebooks_extra():
+    """A job has the core only: the dashboard's HTTP helpers, the routing runs and the demo's
+    jobs must import with matplotlib (the `notebooks` extra) missing; plots load it to draw."""
+    code = (
+        "import builtins\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *args, **kwargs):\n"
+        "    if name.split('.')[0] == 'matplotlib':\n"
+        "        raise ImportError('no matplotlib in a core install')\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = guard\n"
+        "import grpo_lab.observe.dashboard, grpo_lab.observe.routing_runs, grpo_lab.cli.multi_job\n"
+        "import grpo_lab.cli.train_async, grpo_lab.proxy.app, grpo_lab.serving.server\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]

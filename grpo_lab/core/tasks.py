@@ -128,8 +128,7 @@ class PrefixedTask(Task):
             raise ValueError(f"a prompt prefix must be non-empty text, got {prefix!r}")
         self.task, self.prefix = task, prefix
         self.name, self.eval_size = task.name, task.eval_size
-        self._eval = [self._prefixed(p) for p in task.eval_set()]
-        self._held_out_prompts = {prompt_key(p.prompt) for p in self._eval}
+        self._eval = [self._prefixed(p) for p in task.eval_set()]  # sampling is the task's own
 
     def _prefixed(self, problem: Problem) -> Problem:
         if not isinstance(problem.prompt, str):

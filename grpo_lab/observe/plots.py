@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from matplotlib.ticker import MaxNLocator, StrMethodFormatter
-
 from ..train.metrics import read_metrics, series
 from .diagnose import (
     BACKPRESSURE,
@@ -67,6 +65,8 @@ def grid_shape(n: int) -> tuple[int, int]:
 def panel_axes(fig, n: int) -> list:
     """n axes in a `grid_shape(n)` grid of `fig`; "step" labels the x axis of each column's
     last axes, and the cells left over in the last row get no axes."""
+    from matplotlib.ticker import MaxNLocator  # matplotlib: the notebooks extra, loaded to draw
+
     rows, columns = grid_shape(n)
     axes = list(fig.subplots(rows, columns, squeeze=False).ravel())
     for ax in axes[n:]:
@@ -97,6 +97,8 @@ reads as a flat line at 1.0000, not as noise on an axis labelled `1e-7+1`."""
 def ratio_axis(ax, ratios: list[float]) -> None:
     """Plain tick labels with 4 decimals (no offset, no scientific notation) over a span of at
     least 1 +- RATIO_SPAN."""
+    from matplotlib.ticker import StrMethodFormatter
+
     low, high = min([1.0, *ratios]), max([1.0, *ratios])
     ax.set_ylim(min(low, 1 - RATIO_SPAN), max(high, 1 + RATIO_SPAN))
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.4f}"))
