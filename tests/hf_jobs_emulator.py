@@ -32,13 +32,13 @@ import inspect
 import itertools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from grpo_lab.serving.process import stop_groups
 
 MOUNTS_ENV = "HF_JOBS_EMULATOR_MOUNTS"
 
@@ -170,7 +170,8 @@ class HfJobsEmulator:
         info = self.jobs[job_id]
         if info.process.poll() is None:
             info.status.stage = "CANCELED"
-        _stop_group(info.process)  # also what its main process left behind (a container ends)
+        # also what its main process left behind, as a container ends
+        stop_groups([info.process], grace_s=10.0)
 
     def wait(self, job_id: str, timeout_s: float) -> int:
         """The job's exit code; raises TimeoutError with its log tail if it runs past timeout_s."""
@@ -184,7 +185,7 @@ class HfJobsEmulator:
             info.status.stage = "COMPLETED" if code == 0 else "ERROR"
         # A job ends with its main process, and its container with it: the trainer job's
         # background proxy must not outlive it.
-        _stop_group(info.process)
+        stop_groups([info.process], grace_s=10.0)
         return code
 
     def running(self, job_id: str) -> bool:
@@ -202,27 +203,6 @@ class HfJobsEmulator:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the job's process group, SIGKILL what is left after grace_s."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                break
-            process.poll()
-            time.sleep(0.1)
-        else:
-            continue
-        break
-    process.poll()
 
 
 def run_job_keywords() -> list[str]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from grpo_lab.jobs.specs import free_port
+from grpo_lab.serving.process import stop_groups
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30
@@ -46,12 +47,6 @@ def find_chromium() -> str | None:
         if name and (path := shutil.which(name)):
             return path
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_notebook(path: Path, model_dir: Path) -> None:
@@ -117,14 +112,9 @@ def wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path) -> None
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End jupyter lab and its kernel: its process group, by the id we started it with."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
+    """End jupyter lab and its kernel: its process group, by the id we started it with (the
+    kernel too when jupyter lab itself has died)."""
+    stop_groups([proc], grace_s=15)
 
 
 STATUS = ".grpo-lab-dashboard .widget-html-content"  # tqdm's bars are HTML widgets too
