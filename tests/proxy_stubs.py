@@ -45,7 +45,8 @@ class StubReplica:
     """One fake vLLM server. Switches (set them at any time):
 
     health_status: /health status (200, 503); health_hang: /health never answers.
-    completion_mode: ok | garbage (200 text/html) | close | hang | error500.
+    completion_mode: ok | garbage (200 text/html) | close | hang | error500;
+        completion_delay_s: seconds each completion takes.
     load_mode: ok | fail (500, rank too big) | close | hang | never ('No adapter found' forever)
         | load_then_close / load_then_hang (loads it, but the answer is lost) | gate_off (404).
     not_visible_for: answer 'No adapter found' to the first N load attempts of each name.
@@ -56,7 +57,7 @@ class StubReplica:
         self.name = name
         self.adapters: dict[str, str] = {}
         self.health_status, self.health_hang = 200, False
-        self.completion_mode = "ok"
+        self.completion_mode, self.completion_delay_s = "ok", 0.0
         self.load_mode, self.not_visible_for, self.unload_mode = "ok", 0, "ok"
         self.load_attempts: Counter = Counter()
         self.seen: list[tuple[str, str, str | None]] = []  # (method, path_qs, Authorization)
@@ -82,6 +83,7 @@ class StubReplica:
             return web.Response(text="<html>upstream exploded</html>", content_type="text/html")
         if mode == "error500":
             return error("EngineCore died", "InternalServerError", 500)
+        await asyncio.sleep(self.completion_delay_s)
         body = await request.json()
         if body.get("stream"):  # server-sent events, as vLLM streams them
             out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -132,7 +134,7 @@ class StubReplica:
         if mode == "never" or self.load_attempts[name] <= self.not_visible_for:
             return error(f"Loading lora {name} failed: No adapter found for {path}",
                          "NotFoundError", 404)
-        if name in self.adapters:
+        if name in self.adapters and body.get("load_inplace") is not True:
             return error(f"The lora adapter '{name}' has already been loaded. If you want to "
                          "load the adapter in place, set 'load_inplace' to True.",
                          "InvalidUserInput", 400)
@@ -206,6 +208,10 @@ class StubReplica:
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/v1/models", self.models)
         app.router.add_route("*", "/v1/other", self.other)
+        app.router.add_route("*", "/tokenize", self.other)  # a read-only POST route of vLLM's
+        for path in ("/sleep", "/wake_up", "/collective_rpc", "/scale_elastic_ep",
+                     "/update_weights", "/v1/state"):  # routes the proxy must never relay
+            app.router.add_route("*", path, self.other)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1,
                                      access_log=None)
         await self._runner.setup()

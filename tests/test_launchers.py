@@ -662,32 +662,49 @@ def test_block_size_reaches_every_replica_and_the_proxy(tmp_path):
 def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
     """`--trainer trl`: the trainer job runs `grpo-lab train-trl-async` (TRL's AsyncGRPOTrainer),
     every flag of which its own parser accepts: on a GPU the blog's training without train-async's
-    own flags, no --resume and no --local-dir (the job rewrites its files whole); `kernels` (TRL's
+    own --request-shape, with its checkpoints; --resume (a restarted job continues from TRL's
+    newest checkpoint) and no --local-dir (the job rewrites its files whole); `kernels` (TRL's
     attention kernel) installed beside the wheel in the vLLM image."""
     from grpo_lab.rollout.trl_async import TrlAsyncJobConfig
 
     plans = {"gpu": blog_plan(trainer="trl"),
-             "cpu": recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer="trl",
-                                trainer_flavor="cpu-upgrade", replica_flavor="cpu-upgrade"),
+             "gpu-trainer-cpu-replicas": recipe_plan(backend="hf-jobs", bucket=BUCKET,
+                                                     run_name="r", trainer="trl",
+                                                     replica_flavor="cpu-upgrade"),
              "local": recipe_plan(bucket=str(tmp_path), run_name="r", trainer="trl")}
     for where, plan in plans.items():
         command = plan["trainer"].command
         script = command[2] if command[:2] == ["bash", "-c"] else None
         argv = shlex.split(script.splitlines()[-1])[2:] if script else command
         argv = argv[argv.index("train-trl-async"):]  # after `grpo-lab` or `python -m grpo_lab.cli`
-        assert "--resume" not in argv and "--local-dir" not in argv, where
+        assert "--resume" in argv and "--local-dir" not in argv, where
         args = build_parser(argv[0]).parse_args(argv)  # exits on any flag it does not take
         job = config_from_args(args, TrlAsyncJobConfig)
-        assert job.server_url.startswith("http://127.0.0.1:"), where
+        assert job.server_url.startswith("http://127.0.0.1:") and job.resume, where
         if where == "gpu":
             config = config_from_args(args, AsyncGRPOConfig)
             assert (config.learning_rate, config.weight_sync_steps, config.device) == (
                 4e-5, 4, "cuda")
+            assert job.checkpoint_every == BLOG_TRAINING["checkpoint_every"] == 20
+            assert "--request-shape" not in argv
+        if script:
             assert "kernels" in script.split("pip install", 1)[1].splitlines()[0]
-        elif where == "cpu":
-            assert "kernels" not in script
     with pytest.raises(ValueError, match="trainer must be"):
         recipe_plan(bucket=str(tmp_path), trainer="deepspeed")
+
+
+def test_trainer_trl_on_a_cpu_flavor_is_refused(capsys):
+    """A cpu-* trainer runs in python:3.12, which has no vLLM, and TRL's AsyncGRPOTrainer does
+    not start without it: the plan refuses, and `grpo-lab launch` says why with exit status 2."""
+    with pytest.raises(ValueError, match=r"--trainer trl needs a GPU --trainer-flavor.*no vLLM"):
+        recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer="trl",
+                    trainer_flavor="cpu-upgrade", replica_flavor="cpu-upgrade")
+    assert main(["launch", "--backend", "hf-jobs", "--dry-run", "--bucket", BUCKET,
+                 "--trainer", "trl", "--trainer-flavor", "cpu-basic"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo-lab: error: --trainer trl needs a GPU") and "python:3.12" in err
+    # the same CPU flavor with grpo_lab's own trainer stays a valid plan
+    recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer_flavor="cpu-upgrade")
 
 
 # --------------------------------------------------------------------------------- --preset blog

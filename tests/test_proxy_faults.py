@@ -176,15 +176,17 @@ def test_a_replica_that_stops_answering_fails_its_requests_fast_and_comes_back()
 def test_a_refused_connection_reroutes_and_no_replica_is_503():
     async def body():
         dead = f"http://127.0.0.1:{free_port()}"
-        # probes never take a replica out here: the refused connection itself must do it
-        async with fleet(1, upstreams=[dead], health_failures=1000) as f:
-            f.proxy.router._rr = f.proxy.replicas.urls.index(dead)  # round robin: the dead one next
-            status, out, h = await f.post("/v1/completions", {"prompt": P1})
-            assert status == 200 and h["X-Proxy-Upstream"] == f.stubs[0].url
+        # probes never take a replica out here (one probe at start, then none for a minute):
+        # the refused connections themselves must do it, two in a row
+        async with fleet(1, upstreams=[dead], health_failures=2, health_interval_s=60) as f:
+            for _ in range(2):
+                f.proxy.router._rr = f.proxy.replicas.urls.index(dead)  # round robin: the dead one
+                status, out, h = await f.post("/v1/completions", {"prompt": P1})
+                assert status == 200 and h["X-Proxy-Upstream"] == f.stubs[0].url
             status, out, h = await f.post("/v1/completions", {"prompt": [P1, P2]})
             assert status == 200 and len(out["choices"]) == 2
             stats = (await f.get("/proxy/stats"))[1]
-            assert stats["rerouted"] == 1 and stats["marked_down"] == 1
+            assert stats["rerouted"] == 2 and stats["marked_down"] == 1
             assert dead in stats["down_reasons"]
             await f.stubs[0].stop()  # now nobody is left
             status, out, _ = await f.post("/v1/completions", {"prompt": P1})

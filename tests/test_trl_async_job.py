@@ -3,20 +3,27 @@
 Fast: the CPU tree attention (grpo_lab.rollout.trl_cpu) against plain causal attention on rows
 packed by TRL's own `TreeRow`; the rewards and settings handed to TRL.
 Slow: TRL's trainer trains the chat model for 3 steps through `grpo-lab proxy` in front of two
-`grpo-lab serve` replicas. The job process gets tests/trl_stand_ins/ on its PYTHONPATH: stand-ins
-for the vLLM modules TRL imports (see its README); nothing else in the test session sees them.
+`grpo-lab serve` replicas; a run checkpoints and a restarted one resumes from its step. The job
+imports the real `vllm` package where it is installed; only where it is not does the job process
+get tests/trl_stand_ins/ on its PYTHONPATH: stand-ins for the vLLM modules TRL imports (see its
+README); nothing else in the test session sees them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import pickle
+import queue
+import shutil
 import subprocess
 import sys
 import urllib.request
+from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +33,7 @@ from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.trl_async import (
     LORA_NAME,
     TrlAsyncJobConfig,
+    micro_batch_size,
     reward_funcs,
     trl_config,
     with_response_parser,
@@ -34,6 +42,8 @@ from grpo_lab.rollout.trl_cpu import tree_attention_cpu
 
 STAND_INS = Path(__file__).parent / "trl_stand_ins"
 ROOT = Path(__file__).resolve().parent.parent
+REAL_VLLM = importlib.util.find_spec("vllm") is not None
+"""The real package is installed: the job imports it, and the stand-ins stay off its path."""
 
 
 def causal_attention(q, k, v):
@@ -95,20 +105,95 @@ def test_rewards_are_weighted_picklable_and_named():
         AsyncGRPOConfig(reward="format"))[0](done, answer=["#### 10"])[0]]
 
 
-def test_trl_config_maps_grpo_lab_settings(tmp_path):
+def test_trl_config_maps_grpo_lab_settings(tmp_path, monkeypatch):
     config = AsyncGRPOConfig(steps=7, prompts_per_step=3, num_generations=4, learning_rate=5e-4,
                              max_staleness=2, weight_sync_steps=2, buffer_size=5,
                              epsilon_low=0.1, epsilon_high=0.3)
     job = TrlAsyncJobConfig(server_url="http://127.0.0.1:9", max_inflight=6)
     args = trl_config(config, job, tmp_path, "cpu", 12)
     assert (args.max_steps, args.per_device_train_batch_size, args.num_generations) == (7, 12, 4)
+    assert (args.gradient_accumulation_steps, args.token_budget) == (1, 0)  # fixed count
     assert (args.max_staleness, args.weight_sync_steps, args.queue_maxsize) == (2, 2, 20)
     assert (args.epsilon, args.epsilon_high, args.learning_rate) == (0.1, 0.3, 5e-4)
     assert (args.max_completion_length, args.max_inflight_tasks) == (12, 6)
     assert args.vllm_server_base_url == "http://127.0.0.1:9" and args.use_cpu
     assert args.dtype == "float32" and not args.bf16
+    # the reference's optimizer: AdamW betas (0.9, 0.95), no weight decay; TRL's 600 s timeout
+    assert (args.adam_beta1, args.adam_beta2, args.weight_decay) == (0.9, 0.95, 0.0)
+    assert args.request_timeout == 600 == TrlAsyncJobConfig(server_url="x").request_timeout_s
+    # checkpoints into the run's folder, the newest two kept
+    assert (args.save_strategy, args.save_steps, args.save_total_limit) == ("steps", 10, 2)
+    assert trl_config(config, TrlAsyncJobConfig(server_url="x", checkpoint_every=0), tmp_path,
+                      "cpu", 12).save_strategy == "no"
+    # on a GPU: float32 weights, bfloat16 autocast (this machine has no GPU for the check)
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
+    gpu = trl_config(config, job, tmp_path, "cuda", 12)
+    assert gpu.dtype == "float32" and gpu.bf16 and not gpu.fp16 and not gpu.use_cpu
     with pytest.raises(ValueError, match="server-url"):
         TrlAsyncJobConfig()
+
+
+def test_micro_batch_size_divides_the_step():
+    assert micro_batch_size(8, 32, None) == 8  # no budget: the whole step at once
+    assert micro_batch_size(12, 32, 100) == 3  # 3 x 32 tokens <= 100
+    assert micro_batch_size(8, 32, 100) == 2  # 3 fit, but 8 samples split only into 2s
+    assert micro_batch_size(8, 200, 100) == 1  # one sample even past the budget
+    assert micro_batch_size(128, 1096 + 3000, 16384) == 4  # the blog: 32 accumulated
+
+
+def samples_per_optimizer_step(args, prompt: int, completions: list[int], steps: int = 3):
+    """Samples in each of `steps` optimizer steps as TRL's trainer builds them from `args`: its
+    own `get_train_dataloader` (batcher and collator) over a queue of rollout samples, each step
+    `gradient_accumulation_steps` micro-batches, as transformers' training loop draws them.
+    Returns (samples per step, the most tokens a micro-batch forwarded)."""
+    import numpy as np
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+
+    rollouts = queue.Queue()
+    group = args.num_generations
+    for g in range(4 * steps * args.per_device_train_batch_size
+                   * args.gradient_accumulation_steps // group + 1):
+        for i in range(group):  # G completions of one prompt, sharing its tokens
+            n = completions[(g * group + i) % len(completions)]
+            ids = np.array([7] * prompt + [100 + g * group + i] * n)
+            rollouts.put(SimpleNamespace(
+                input_ids=ids, completion_mask=np.array([0] * prompt + [1] * n),
+                old_log_probs=np.zeros(len(ids)), advantage=1.0, group_id=g, metrics={},
+                model_version=0, enqueued_at=None))
+
+    def queue_ran_dry(_stale_after_s):
+        raise AssertionError("the batcher wanted more samples than the test queued")
+
+    metrics = defaultdict(list)
+    trainer = SimpleNamespace(  # what get_train_dataloader reads of the trainer
+        accelerator=SimpleNamespace(num_processes=1, is_main_process=True, prepare=lambda d: d),
+        args=args, rollout_queue=rollouts, model_version=0, _trained_groups=set(),
+        rollout_worker=SimpleNamespace(check_health=queue_ran_dry), _metrics={"train": metrics},
+        vllm_client=SimpleNamespace(wait_for_server_ready=lambda: None,
+                                    get_max_model_len=lambda: 256),  # grpo-lab serve's
+        processing_class=SimpleNamespace(pad_token_id=0))
+    microbatches = iter(AsyncGRPOTrainer.get_train_dataloader(trainer))
+    counts = []
+    for _ in range(steps):
+        seen = len(metrics["batch/samples_per_row"])
+        for _ in range(args.gradient_accumulation_steps):
+            next(microbatches)
+        counts.append(sum(metrics["batch/samples_per_row"][seen:]))  # one row per micro-batch
+    return counts, max(metrics["batch/row_tokens_max"])
+
+
+@pytest.mark.parametrize("token_budget", [None, 100])
+def test_an_optimizer_step_holds_prompts_per_step_x_g_samples(tmp_path, token_budget):
+    """TRL's token-budget batcher fills a micro-batch with whatever fits; the mapping makes every
+    optimizer step exactly prompts_per_step x G samples, with or without a token budget, and a
+    budgeted micro-batch forwards at most token_budget tokens."""
+    config = AsyncGRPOConfig(prompts_per_step=2, num_generations=4, token_budget=token_budget)
+    job = TrlAsyncJobConfig(server_url="http://127.0.0.1:9")
+    args = trl_config(config, job, tmp_path, "cpu", max_completion_length=12, prompt_tokens=20)
+    counts, most_tokens = samples_per_optimizer_step(args, prompt=20, completions=[12, 3, 7, 12, 5])
+    assert counts == [8, 8, 8]
+    if token_budget:
+        assert args.gradient_accumulation_steps == 4 and most_tokens <= token_budget
 
 
 @pytest.mark.parametrize("command", ["train-trl-async", "train-async"])
@@ -122,10 +207,12 @@ def test_help_lists_the_flags(command, capsys):
     assert "--server-url" in text and "--max-staleness" in text and "--reward" in text
 
 
-def test_without_vllm_the_job_says_what_to_do(tmp_path):
-    from grpo_lab.rollout.trl_async import run_train_trl_async
+def test_without_vllm_the_job_says_what_to_do(tmp_path, monkeypatch):
+    from grpo_lab.rollout import trl_async
 
-    assert "vllm" not in sys.modules  # the stand-ins are on the job's path only
+    run_train_trl_async = trl_async.run_train_trl_async
+    assert "trl_stand_ins" not in str(trl_async.vllm_origin())  # on the job's path only
+    monkeypatch.setattr(trl_async, "vllm_origin", lambda: None)  # as where vllm is missing
     with pytest.raises(ValueError, match="vLLM image"):
         run_train_trl_async(AsyncGRPOConfig(output_dir=str(tmp_path)),
                             TrlAsyncJobConfig(server_url="http://127.0.0.1:9"))
@@ -150,7 +237,10 @@ def _get(url: str):
 @pytest.mark.slow
 def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_dir, tmp_path):
     """3 optimizer steps of TRL's AsyncGRPOTrainer: every completion through the proxy, each
-    weight sync a versioned adapter loaded on both replicas from the bucket."""
+    weight sync a versioned adapter loaded on both replicas from the bucket, each step exactly
+    2 prompts x 4 samples, a checkpoint every 2 steps. Then the job, restarted with the same
+    command and --resume after losing its last checkpoint (preempted between checkpoints), goes
+    on from step 2 with adapter names after the ones already published."""
     from grpo_lab.proxy.process import start_proxy_process
     from grpo_lab.serving.process import start_server_process
 
@@ -159,40 +249,75 @@ def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_
     with start_server_process(str(chat_model_dir), **serve) as a, \
             start_server_process(str(chat_model_dir), **serve) as b, \
             start_proxy_process([a.url, b.url]) as proxy:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(STAND_INS)]),
+        path = [str(ROOT)] if REAL_VLLM else [str(ROOT), str(STAND_INS)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                "TRL_EXPERIMENTAL_SILENCE": "1", "HF_HUB_OFFLINE": "1"}
         command = [sys.executable, "-m", "grpo_lab.cli", "train-trl-async",
                    "--server-url", proxy.url, "--output-dir", str(out), "--bucket", str(bucket),
                    "--model", str(chat_model_dir), "--dataset", str(chat_model_dir / "data"),
                    "--reward", "math_answer", "--system-prompt", SYSTEM_PROMPT,
-                   "--steps", "3", "--prompts-per-step", "2", "--num-generations", "4",
+                   "--prompts-per-step", "2", "--num-generations", "4",
                    "--max-new-tokens", "24", "--lora-rank", "2", "--learning-rate", "1e-3",
-                   "--max-staleness", "1"]
-        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+                   "--max-staleness", "1", "--checkpoint-every", "2"]
+        run = subprocess.run([*command, "--steps", "3"], env=env, capture_output=True,
+                             text=True, timeout=300)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         held = [{m["id"]: m["root"] for m in _get(r.url + "/v1/models")["data"] if m["parent"]}
                 for r in (a, b)]
         stats = _get(proxy.url + "/proxy/stats")
+        first = (out / "metrics.jsonl").read_text().splitlines()
+
+        # a preemption after step 3, before its checkpoint reached the bucket
+        checkpoint = out / "trl" / "checkpoint-2"
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        rollout_state = json.loads((checkpoint / "rollout_state.json").read_text())
+        shutil.rmtree(out / "trl" / "checkpoint-3")
+        resumed = subprocess.run([*command, "--steps", "4", "--resume"], env=env,
+                                 capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        held_after = [{m["id"] for m in _get(r.url + "/v1/models")["data"] if m["parent"]}
+                      for r in (a, b)]
+        stats_after = _get(proxy.url + "/proxy/stats")
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["trainer"] == "trl"
-    # one version at train begin, then one per step (weight_sync_steps = 1)
-    assert summary["version"] == 4
+    # --- the first run
     assert [f"[step {s}/3]" in run.stdout for s in (1, 2, 3)] == [True] * 3
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in first]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["reward"]) for r in records)
-    assert (out / "adapter" / "adapter_config.json").exists()
-    # both replicas hold the newest versions, loaded from the bucket; older ones were unloaded
-    newest = {f"{LORA_NAME}-v3", f"{LORA_NAME}-v4"}
+    # every optimizer step held prompts_per_step x G samples, in one micro-batch (TRL counts)
+    assert [(r["batch/samples_per_step"], r["batch/microbatches_per_step"])
+            for r in records] == [(8, 1)] * 3
+    # both replicas held the newest versions, loaded from the bucket; older ones were unloaded
+    # (one version at train begin, then one per step: weight_sync_steps = 1)
     for adapters in held:
-        assert set(adapters) == newest
+        assert set(adapters) == {f"{LORA_NAME}-v3", f"{LORA_NAME}-v4"}
         assert all(Path(root).parent == bucket.resolve() for root in adapters.values())
-    assert {f"{LORA_NAME}-v4", f"{LORA_NAME}-v3"} <= set(summary["adapters_in_bucket"])
     # the completions came from the replicas, through the proxy, on both of them
     assert stats["completion_calls"] >= 3 * 2 * 4
     assert all(n > 0 for n in stats["routed"]) and sum(stats["errors"].values()) == 0
     assert stats["broadcasts"]["load_lora_adapter"] == 4
     assert stats["broadcasts"]["pause"] == stats["broadcasts"]["resume"] == 4
     assert stats["broadcasts"]["unload_lora_adapter"] == 2
+    # TRL's checkpoint-2: its step, and the adapter version it had published
+    assert state["global_step"] == 2 and rollout_state["model_version"] == 3
+    # --- the resumed run: steps 3 and 4 only, from checkpoint-2's weights and state
+    assert f"resuming from {checkpoint} (step 2)" in resumed.stdout
+    assert [f"[step {s}/4]" in resumed.stdout for s in (1, 2, 3, 4)] == [False, False, True, True]
+    assert summary["steps"] == 4 and summary["resumed_from_step"] == 2
+    assert summary["trainer"] == "trl"
+    assert summary["checkpoints"] == ["checkpoint-2", "checkpoint-4"]  # every 2 steps, the newest 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [json.dumps(r) for r in records[:2]] == first[:2]  # the first run's steps, kept
+    assert all(r["batch/samples_per_step"] == 8 for r in records[2:])
+    # v5 at train begin, v6 and v7 after steps 3 and 4: no name of the first run published again
+    assert summary["version"] == 7
+    assert all(adapters == {f"{LORA_NAME}-v6", f"{LORA_NAME}-v7"} for adapters in held_after)
+    assert stats_after["broadcasts"]["load_lora_adapter"] == 4 + 3
+    assert stats_after["broadcasts"]["unload_lora_adapter"] == 2 + 3  # v3, v4, v5
+    assert sum(stats_after["errors"].values()) == 0
+    assert (out / "adapter" / "adapter_config.json").exists()
+    # the job imported the real vllm package wherever it is installed
+    assert summary["vllm"] and ("trl_stand_ins" in summary["vllm"]) != REAL_VLLM

@@ -5,7 +5,10 @@
 
 Takes `grpo-lab train-async`'s training flags (grpo_lab's `AsyncGRPOConfig`) and the job's own
 (`TrlAsyncJobConfig`); writes `metrics.jsonl` (TRL's metric names), `summary.json` and the final
-`adapter/` into `--output-dir`, the adapters `trl-policy-vN` into `--bucket`.
+`adapter/` into `--output-dir`, TRL's `checkpoint-N` every `--checkpoint-every` steps into
+`--output-dir`/trl, the adapters `trl-policy-vN` into `--bucket`. `--resume` (a restarted job,
+e.g. after a preemption) continues from the newest checkpoint; the same command works on a first
+start.
 """
 
 from __future__ import annotations

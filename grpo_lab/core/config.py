@@ -12,6 +12,7 @@ from pathlib import Path
 from .devices import DTYPES
 from .grpo_loss import LOSS_TYPES
 from .reward_set import RewardSet
+from .sampler_correction import IS_MODES
 from .tasks import TASKS, make_task, with_few_shot
 
 LR_SCHEDULES = ("constant", "linear")
@@ -98,6 +99,19 @@ class GRPOConfig:
     """KL penalty weight against the initial policy (0 = no reference model)."""
     num_iterations: int = 1
     """mu: optimizer updates on each batch of rollouts (ratio != 1 from the second on)."""
+    vllm_importance_sampling_correction: bool = True
+    """Weigh each token's loss by pi_old / pi_sampler (TRL's name and default): the trainer's
+    logprobs of the samples before the update over the sampler's (vLLM's differ per token). The
+    ratio is then taken against the trainer's logprobs (grpo_lab.core.sampler_correction). The
+    sync trainer samples with the policy itself: its weights are 1 up to float rounding."""
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    """`token_truncate`, `token_mask`, `sequence_truncate` or `sequence_mask`: one weight per token
+    or per sequence (the product of its tokens'), clipped to [clip_min, clip_max] (truncate) or
+    set to 0 outside it (mask)."""
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    """C_max: truncate clips the weights at it, mask zeroes those above it (None = no bound)."""
+    vllm_importance_sampling_clip_min: float | None = None
+    """C_min: truncate raises the weights to it, mask zeroes those below it (None = no bound)."""
 
     # --- the optimizer and the adapter ---
     learning_rate: float = 1e-3
@@ -106,6 +120,12 @@ class GRPOConfig:
     """`constant`, or `linear`: decay from learning_rate to 0 over `steps` (TRL's default)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    adam_beta2: float = 0.95
+    """AdamW's second-moment decay (beta1 stays 0.9): the reference's TRL config's 0.95, not
+    torch's 0.999."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay: 0, as TRL's `TrainingArguments` and the reference (torch's
+    default is 0.01)."""
     use_lora: bool = True
     """Train a LoRA adapter (peft) instead of every weight."""
     lora_rank: int = 1
@@ -169,6 +189,10 @@ class GRPOConfig:
             problems.append("need 0 <= epsilon_low < 1 and epsilon_high >= 0")
         if self.beta < 0:
             problems.append(f"beta must be >= 0 (got {self.beta})")
+        problems += self._importance_sampling_problems()
+        if not 0 <= self.adam_beta2 < 1 or self.weight_decay < 0:
+            problems.append(f"need 0 <= adam_beta2 < 1 and weight_decay >= 0 (got "
+                            f"{self.adam_beta2}, {self.weight_decay})")
         if self.log_completions_every < 0 or self.num_completions_to_print < 0:
             problems.append("log_completions_every and num_completions_to_print must be >= 0")
         if self.eval_every < 0:
@@ -177,6 +201,23 @@ class GRPOConfig:
             problems.append(f"few_shot must be >= 0 (got {self.few_shot})")
         if problems:
             raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
+
+    def _importance_sampling_problems(self) -> list[str]:
+        """TRL's checks of the vllm_importance_sampling_* options, plus the mode's name."""
+        mode = self.vllm_importance_sampling_mode
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        problems = []
+        if mode not in IS_MODES:
+            problems.append(f"unknown vllm_importance_sampling_mode {mode!r} "
+                            f"(choose one of {IS_MODES})")
+        if low is not None and high is not None and low >= high:
+            problems.append(f"vllm_importance_sampling_clip_min ({low}) must be less than "
+                            f"vllm_importance_sampling_clip_max ({high})")
+        if (self.vllm_importance_sampling_correction and mode.endswith("_truncate")
+                and low is None and high is None):
+            problems.append("a *_truncate vllm_importance_sampling_mode needs "
+                            "vllm_importance_sampling_clip_min or _clip_max")
+        return problems
 
     def make_task(self):
         """The task this config trains on: the dataset if one is set, else the synthetic task."""

@@ -6,6 +6,9 @@
     4. an optional KL penalty against a reference (k3 estimator)     k3_kl
     5. aggregation of per-token losses into one number               grpo_ / dapo_ / dr_grpo_aggregate
 
+`grpo_loss` also takes importance weights for a sampler that is not the trainer (vLLM): TRL's
+`vllm_importance_sampling_correction`, computed in grpo_lab.core.sampler_correction.
+
 Shapes: B completions (G per prompt, prompt-major), T completion tokens (right padded), V vocab.
 `mask` is 1 on real completion tokens and 0 on padding: padding never contributes.
 """
@@ -94,17 +97,18 @@ class SurrogateOutput:
 def clipped_surrogate(
     logps: torch.Tensor,  # (B, T) current policy
     old_logps: torch.Tensor,  # (B, T) the policy that sampled the tokens
-    advantages: torch.Tensor,  # (B,)
+    advantages: torch.Tensor,  # (B,), or (B, 1) / (B, T) already per token
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
 ) -> SurrogateOutput:
     """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) per token (PPO, Schulman et al. 2017).
 
     Separate low/high epsilon is DAPO's "clip-higher" (Yu et al. 2025): a larger eps_high lets
-    unlikely tokens with positive advantage grow faster.
+    unlikely tokens with positive advantage grow faster. Advantages given per token (2-D) are
+    used as they are, as TRL does.
     """
     ratio = torch.exp(logps - old_logps)  # (B, T)
-    adv = advantages.unsqueeze(1)  # (B, 1), broadcast over tokens
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)  # broadcast over tokens
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv
     return SurrogateOutput(
@@ -187,11 +191,21 @@ def grpo_loss(
     beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
     max_completion_length: int | None = None,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The full GRPO objective: surrogate (+ beta * KL), aggregated; returns (loss, metrics)."""
+    """The full GRPO objective: surrogate (x importance weight) (+ beta * KL), aggregated;
+    returns (loss, metrics).
+
+    `importance_weights`, (B, T) or (B, 1), detached: pi_old / pi_sampler truncated or masked
+    (grpo_lab.core.sampler_correction.sampler_importance_weights). They weigh the surrogate
+    only, not the KL term, as in TRL's GRPOTrainer. None = no correction.
+    """
     mask = mask.to(logps.dtype)
     surrogate = clipped_surrogate(logps, old_logps, advantages, epsilon_low, epsilon_high)
     per_token_loss = surrogate.per_token_loss
+    if importance_weights is not None:
+        # The tokens came from pi_sampler, the ratio is against pi_old: reweigh by pi_old / pi_sampler.
+        per_token_loss = per_token_loss * importance_weights
     metrics = {}
     if beta != 0.0:
         if ref_logps is None:

@@ -24,6 +24,7 @@ which changes nothing for the trainer: it talks to `http://127.0.0.1:<port>` eit
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import dataclass, replace
@@ -77,7 +78,8 @@ class RecipeConfig:
     trainer: str = "grpo-lab"
     """The trainer job: `grpo-lab` (`grpo-lab train-async`) or `trl` (`grpo-lab train-trl-async`,
     TRL's AsyncGRPOTrainer: on a GPU it imports vLLM, which the vLLM image has, and fetches its
-    attention kernel from the Hub with `kernels`; docs/recipe.md)."""
+    attention kernel from the Hub with `kernels`; docs/recipe.md). On HF Jobs `trl` needs a GPU
+    trainer flavor: the cpu-* image has no vLLM."""
     lora_rank: int = 1
     """LoRA rank of the trained adapter; the servers' --max-lora-rank is the smallest of vLLM's
     allowed values (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds it."""
@@ -209,6 +211,12 @@ def recipe_plan(config: RecipeConfig | None = None, *,
         raise ValueError(f"block_size must be >= 1, got {cfg.block_size}")
     if cfg.trainer not in ("grpo-lab", "trl"):
         raise ValueError(f"trainer must be grpo-lab or trl, got {cfg.trainer!r}")
+    if cfg.backend == "hf-jobs" and cfg.trainer == "trl" and not is_gpu_flavor(
+            cfg.trainer_flavor or "h200"):
+        raise ValueError(f"--trainer trl needs a GPU --trainer-flavor on HF Jobs: a "
+                         f"{cfg.trainer_flavor} trainer runs in {CPU_IMAGE}, which has no vLLM, "
+                         "and TRL's AsyncGRPOTrainer does not start without it (a GPU flavor runs "
+                         f"in {VLLM_IMAGE}); or use --trainer grpo-lab on CPU flavors")
     if cfg.engine not in (None, "vllm", "grpo-lab"):
         raise ValueError(f"engine must be vllm or grpo-lab, got {cfg.engine!r}")
     max_lora_rank(cfg.lora_rank)  # a rank no server can hold fails here, not in a job
@@ -234,7 +242,19 @@ def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url:
     values = {"model": model, "proxy_url": proxy_url, "output_dir": output_dir,
               "lora_rank": cfg.lora_rank, "max_staleness": cfg.max_staleness, "device": device,
               "max_completion_length": cfg.max_completion_length}
-    return [arg.format(**values) for arg in template]
+    args = [arg.format(**values) for arg in template]
+    if _api_key_secrets() and args[:1] == ["train-async"]:  # the key by env var name, never argv
+        args += ["--api-key-env", API_KEY_ENV]
+    return args
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+"""With it set where the plan is launched, the proxy requires it (as `vllm serve --api-key`) and
+the trainer sends it; both jobs get it as a secret (its value never enters a plan or argv)."""
+
+
+def _api_key_secrets() -> list[str]:
+    return [API_KEY_ENV] if os.environ.get(API_KEY_ENV) else []
 
 
 def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -> RunPlan:
@@ -270,12 +290,14 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     jobs.append(JobSpec(
         name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port,
                                                       **_block_size_flags(cfg))],
-        env={"PYTHONUNBUFFERED": "1"}, ports=[proxy_port], health_url=f"{proxy_url}/health",
+        env={"PYTHONUNBUFFERED": "1"}, secrets=_api_key_secrets(), ports=[proxy_port],
+        health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
     jobs.append(JobSpec(
         name="trainer", command=[*GRPO_LAB, *trainer], env=dict(env),
-        volumes=[BucketMount(mount, mount, read_only=False)], depends_on=["proxy"]))
+        secrets=_api_key_secrets(), volumes=[BucketMount(mount, mount, read_only=False)],
+        depends_on=["proxy"]))
     return RunPlan(jobs, name=run_name, backend="local")
 
 
@@ -335,7 +357,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     jobs.append(JobSpec(
         name="trainer", command=["bash", "-c", script],
         env={"PYTHONUNBUFFERED": "1", "HF_HOME": HF_HOME},
-        secrets=["HF_TOKEN"], volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
+        secrets=["HF_TOKEN", *_api_key_secrets()],
+        volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
         flavor=trainer_flavor, image=trainer_image,
         timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
     return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads)

@@ -26,15 +26,17 @@ TRL_TRAINER_ARGS = (
     "train-trl-async", "--model", "{model}", "--server-url", "{proxy_url}",
     "--output-dir", "{output_dir}", "--lora-rank", "{lora_rank}",
     "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
-    "--device", "{device}",
+    "--device", "{device}", "--resume",
 )
 """`grpo-lab train-trl-async` (grpo_lab.cli.train_trl_async): TRL's AsyncGRPOTrainer on the same
-data and rewards. No `--resume` (the job refuses to start over adapters it did not write) and no
-`--local-dir` (it rewrites its files whole, which a bucket mount allows)."""
+data and rewards. `--resume`: a restarted job (a preemption) continues from TRL's newest
+`checkpoint-N` in the run's folder and numbers its adapters after those in the bucket; on a
+first start there is none. No `--local-dir` (it rewrites its files whole, which a bucket mount
+allows)."""
 
-TRAIN_ASYNC_ONLY_FLAGS = ("request_shape", "checkpoint_every")
-"""BLOG_TRAINING keys that are train-async's own: TRL's trainer shapes its requests (n = 1) itself
-and keeps no checkpoints."""
+TRAIN_ASYNC_ONLY_FLAGS = ("request_shape",)
+"""BLOG_TRAINING keys that are train-async's own: TRL's trainer shapes its requests (n = 1)
+itself. `checkpoint_every` is both jobs' (TRL's save_steps)."""
 
 
 def default_trainer_args(backend: str, gpu: bool = False,

@@ -15,8 +15,15 @@ of several replicas"; docs/recipe.md, "The proxy"):
     GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
     GET  /get_world_size                        one replica's world size (TRL's client asks)
     GET  /proxy/stats                           the counters below, as JSON
-    any other route                             passed through to one healthy replica
-    /init_weight_transfer_engine, ...           501: NCCL weights would reach one replica only
+    any GET, POST /tokenize, /detokenize, ...   read-only: passed through to one healthy replica
+    any other route                             400: it may change one replica's state
+                                                (/sleep, /wake_up, /collective_rpc, the NCCL
+                                                weight-transfer routes: control.py)
+
+Auth. With `--api-key` (or $VLLM_API_KEY), as `vllm serve --api-key`, every route but /health
+needs `Authorization: Bearer KEY` (compared in constant time); a missing, wrong or undecodable
+header is a 401 `{"error": "Unauthorized"}`. The client's header never goes upstream: the
+replicas get `--upstream-token-env`'s token, if any.
 
 Routing. Each prompt is routed on its token ids; text and chat prompts on the ids of
 `--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched
@@ -38,15 +45,18 @@ Parts. `Proxy` builds them, starts and stops them, and wires the routes to them:
 own counters; `/proxy/stats` joins them.
 
 Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
-400 (bad JSON, a missing or malformed prompt), 404 (unknown route), 413 (body over
-`max_request_bytes`), 502 (a replica dropped the connection or answered something that is not
-a JSON object), 503 (no replica up, or the replica was declared down while the request was in
-flight), 504 (no answer in time). Replicas' own answers (a 400, a 404 model) pass through. A probe
-calls every replica's /health every `health_interval_s`: `health_failures` failures in a row,
-or a refused connection, take a replica out of routing and fail its requests in flight (503);
-it is probed until it answers, synced to a healthy peer's adapters (what it lacks is loaded,
-what the fleet dropped meanwhile unloaded), and routed again. Broadcasts go to the replicas
-in routing only: one that is out catches up through that resync instead of failing them.
+400 (bad JSON, JSON nested too deeply, a missing or malformed prompt, a refused route), 401
+(no or a wrong API key), 413 (body over `max_request_bytes`), 502 (a replica dropped the
+connection or answered something that is not a JSON object), 503 (no replica up, or the
+replica was declared down while the request was in flight), 504 (no answer in time).
+Replicas' own answers (a 400, a 404 model) pass through. A probe calls every replica's
+/health every `health_interval_s`: `health_failures` failures in a row, or as many refused
+connections in a row, take a replica out of routing and fail its requests in flight (503); a
+single refused connection does not, and the request it carried is sent to
+another replica. A replica out of routing is probed until it answers, synced to a healthy
+peer's adapters (what it lacks is loaded, what the fleet dropped meanwhile unloaded) and to the
+fleet's pause state, and routed again. Broadcasts go to the replicas in routing only: one that
+is out catches up through that resync instead of failing them.
 
 Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.proxy.http_pool), which
 halves the proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py);
@@ -59,13 +69,14 @@ Logged metrics (`GET /proxy/stats`, next to the router's own, see grpo_lab.proxy
 - `completion_calls`: completion requests received; `split_batches`: batches spread over more
   than one replica; `rerouted`: prompts re-sent after a replica refused the connection.
 - `errors`: answers the proxy made itself, by cause (bad_request, not_found, closed, garbage,
-  timeout, down, no_replica, refused: the weight-transfer routes); `forwarded`: other routes
-  passed through to a replica.
+  timeout, down, no_replica, refused: routes that may change one replica's state,
+  unauthorized); `forwarded`: read-only routes passed through to a replica.
 - `broadcasts`: state-changing calls, by route; `retries`: "No adapter found" answers retried;
   `rollbacks`: loads undone on the replicas that had accepted them; `rollback_failures`;
   `load_timeouts`: loads that hit `lora_load_timeout_s` (answered 504).
 - `marked_down`: times a replica left routing; `down_reasons`: why each one is down now;
-  `resynced_adapters`: adapters loaded onto (or unloaded from) replicas that came back.
+  `resynced_adapters`: adapters loaded onto (or unloaded from) replicas that came back;
+  `paused`: the fleet's pause state (the last /pause or /resume that succeeded, or null).
 """
 
 from __future__ import annotations
@@ -80,7 +91,7 @@ import time
 from aiohttp import web
 
 from ..serving.process import serve_until_signalled
-from ..serving.protocol import error_body
+from ..serving.protocol import bearer_ok, error_body
 from .broadcast import LOAD_PATH, UNLOAD_PATH
 from .completions import CompletionForwarder
 from .config import ProxyConfig
@@ -105,6 +116,7 @@ class Proxy:
             if not token:
                 raise ValueError(f"--upstream-token-env {config.upstream_token_env}: that "
                                  "environment variable is not set or empty")
+        self.api_key = config.api_key or os.environ.get("VLLM_API_KEY") or None
         self.tokenizer = None
         if config.tokenizer:
             from transformers import AutoTokenizer
@@ -113,7 +125,8 @@ class Proxy:
         self.router = PrefixRouter(config.upstreams, RouterConfig(
             config.block_size, config.imbalance, config.max_tracked_blocks, config.routing))
         self.errors = dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
-                                     "down", "no_replica", "refused"), 0)
+                                     "down", "no_replica", "refused",
+                                     "unauthorized"), 0)
         self.replicas = ReplicaSet(config, self.router, token)
         self.completions = CompletionForwarder(config, self.replicas, self.router,
                                                self.tokenizer, self.error)
@@ -163,8 +176,18 @@ class Proxy:
                     **self.info.counters}
         out.update(json.loads(json.dumps(counters)))  # a copy
         out.update(upstreams=self.replicas.urls, down_reasons=dict(self.replicas.down_reasons),
+                   paused=self.replicas.pause_state,
                    uptime_s=round(time.monotonic() - self._started, 1))
         return out
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler) -> web.StreamResponse:
+        """With an API key, every route but /health needs `Authorization: Bearer KEY`."""
+        if self.api_key and request.path != "/health":
+            if not bearer_ok(request.headers.get("Authorization"), self.api_key):
+                self.errors["unauthorized"] += 1
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     async def stats_route(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
@@ -183,7 +206,7 @@ def make_app(config: ProxyConfig, token: str | None = None) -> web.Application:
     """The proxy as an aiohttp application (`app[PROXY_KEY]` is its `Proxy`); `token` overrides
     `config.upstream_token_env`."""
     proxy = Proxy(config, token)
-    app = web.Application(client_max_size=config.max_request_bytes)
+    app = web.Application(client_max_size=config.max_request_bytes, middlewares=[proxy.auth])
     app[PROXY_KEY] = proxy
     app.router.add_post("/v1/completions", proxy.completions.forward)
     app.router.add_post("/v1/chat/completions", proxy.completions.forward)

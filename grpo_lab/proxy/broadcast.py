@@ -18,6 +18,10 @@ Rules of `load_everywhere`, one replica at a time, all replicas at once:
   asked to unload it again (the rollback). The caller gets the failing replica's status.
 - The deadline passes: the same rollback, then 504 (never 404, which TRL reads as "runtime
   LoRA updating is disabled").
+- An in-place load (`load_inplace: true`) replaces an adapter that may be serving already:
+  each replica's /v1/models is read first, and the rollback loads the previous path in place
+  again where the name was loaded (unloads it only where it was not). A replica whose
+  /v1/models does not answer fails the load before anything changed (502).
 The fleet ends as it was before the call, or with the adapter on every replica.
 
 A replica is reached through `send(replica, path, body, timeout_s, method="POST") ->
@@ -79,6 +83,17 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
     deadline = time.monotonic() + timeout_s
     failed = asyncio.Event()  # set by the first hard failure: the others stop retrying
     retries = 0
+    previous: dict[str, str | None] = {}  # in place: replica -> the path it held, None: none
+    if body.get("load_inplace") is True:
+        held = await asyncio.gather(*(_held_path(send, r, name, unload_timeout_s)
+                                      for r in replicas))
+        unknown = {r: why for r, (_, why) in zip(replicas, held) if why}
+        if unknown:
+            message = (f"in-place load of '{name}' refused before it began: what the replicas "
+                       f"hold now could not be read, so a failure could not be undone: {unknown}")
+            return BroadcastResult(502, error_body(message, 502),
+                                   {r: f"not read: {why}" for r, why in unknown.items()})
+        previous = {r: path for r, (path, _) in zip(replicas, held)}
 
     async def one(replica: str) -> tuple[str, int, str]:
         """-> (state, status, text); state: ok, present, failed, lost, timeout or aborted."""
@@ -126,9 +141,14 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
         return BroadcastResult(200, f"Success: LoRA adapter '{name}' was already loaded from "
                                f"{body['lora_path']} on every replica.", per_replica, retries)
 
-    # Roll back: unload wherever it may have been loaded by this call.
+    # Roll back: unload wherever it may have been loaded by this call (in place: load the
+    # previous adapter again where there was one).
     undo = [r for r, s in states.items() if s in ("ok", "lost", "timeout")]
-    rolled_back, rollback_failed = await _unload(send, undo, name, retry_s, unload_timeout_s)
+    restore = {r: previous[r] for r in undo if previous.get(r)}
+    rolled_back, rollback_failed = await _unload(
+        send, [r for r in undo if r not in restore], name, retry_s, unload_timeout_s)
+    restored, restore_failed = await _restore(send, restore, name, retry_s, unload_timeout_s)
+    rolled_back, rollback_failed = rolled_back + restored, rollback_failed + restore_failed
     rolled = f"; rolled back on {rolled_back}" if rolled_back else ""
     stuck = (f"; ROLLBACK FAILED on {rollback_failed} (the adapter may still be loaded there)"
              if rollback_failed else "")
@@ -147,6 +167,44 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
                f"(retried every {retry_s} s): {waiting}{rolled}{stuck}")
     return BroadcastResult(504, error_body(message, 504), per_replica, retries, rolled_back,
                            rollback_failed, timed_out=True)
+
+
+async def _held_path(send: Send, replica: str, name: str,
+                     timeout_s: float) -> tuple[str | None, str]:
+    """(the path `replica` holds adapter `name` from, or None if it holds none; '') or
+    (None, why its /v1/models could not tell)."""
+    try:
+        status, text = await send(replica, "/v1/models", None, timeout_s, "GET")
+        if status != 200:
+            return None, f"/v1/models answered {status}"
+        cards = json.loads(text)["data"]
+        return next((c.get("root") for c in cards if c.get("id") == name), None), ""
+    except UpstreamError as exc:
+        return None, exc.message
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"/v1/models is not a model list ({exc})"
+
+
+async def _restore(send: Send, previous: dict[str, str], name: str, retry_s: float,
+                   timeout_s: float) -> tuple[list[str], list[str]]:
+    """Load `name` in place from each replica's previous path again (an in-place load's
+    rollback), retrying a few times. Returns (restored, failed) replicas."""
+
+    async def one(replica: str) -> bool:
+        body = {"lora_name": name, "lora_path": previous[replica], "load_inplace": True}
+        for attempt in range(ROLLBACK_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(retry_s)
+            try:
+                status, _ = await send(replica, LOAD_PATH, body, timeout_s)
+            except UpstreamError:
+                continue
+            if 200 <= status < 300:
+                return True
+        return False
+
+    done = dict(zip(previous, await asyncio.gather(*(one(r) for r in previous))))
+    return [r for r, ok in done.items() if ok], [r for r, ok in done.items() if not ok]
 
 
 async def _held_elsewhere(send: Send, replica: str, name: str, path: str,

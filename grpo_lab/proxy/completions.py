@@ -3,8 +3,9 @@
     POST /v1/completions, /v1/chat/completions
         1. parse    the body, and each prompt's routing key (prompt_keys.py): its token ids
         2. route    each prompt on its key (router.py); a batch is split across replicas
-        3. send     each replica its share; a refused connection takes the replica out and its
-                    share is routed again
+        3. send     each replica its share; a share whose connection was refused is routed
+                    again, to another replica (`health_failures` refusals in a row take a
+                    replica out; one does not, and its requests in flight go on)
         4. merge    the choices back in prompt order, `index` renumbered, usage summed; the
                     answer names the replica(s) in `X-Proxy-Upstream`
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from ..serving.protocol import RequestError
+from ..serving.protocol import RequestError, loads_json
 from .broadcast import UpstreamError
 from .config import ProxyConfig
 from .prompt_keys import routing_keys
@@ -66,10 +67,7 @@ class CompletionForwarder:
         self.counters["completion_calls"] += 1
         try:
             raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except ValueError as exc:
-                raise RequestError(f"Invalid JSON body: {exc}") from None
+            body = loads_json(raw)  # 400, also for JSON nested too deeply
             if not isinstance(body, dict):
                 raise RequestError(f"The request body must be a JSON object, got "
                                    f"{type(body).__name__}.")
@@ -88,15 +86,17 @@ class CompletionForwarder:
         return await self._dispatch(request.path, body, raw, prompts, keys, model)
 
     async def _dispatch(self, path, body, raw, prompts, keys, model) -> web.Response:
-        """Route every prompt, send each replica its share, merge. A replica that refuses the
-        connection is marked down and its share routed again."""
+        """Route every prompt, send each replica its share, merge. The share of a replica that
+        refuses the connection is routed again, to the other replicas if any is up."""
         pending = list(range(len(keys)))
         results: dict[int, tuple] = {}  # prompt -> (replica, sub-answer, place in it, its size)
-        for _attempt in range(len(self.replicas.urls)):
+        refused: set[str] = set()  # replicas that refused this request's connection
+        for _attempt in range(len(self.replicas.urls) + 1):
             groups: dict[str, list[int]] = {}
             try:
                 for i in pending:
-                    groups.setdefault(self.router.route(keys[i], model).replica, []).append(i)
+                    groups.setdefault(self.router.route(keys[i], model, avoid=refused).replica,
+                                      []).append(i)
             except NoReplicaAvailable:
                 for replica, idxs in groups.items():
                     for _ in idxs:
@@ -115,7 +115,8 @@ class CompletionForwarder:
             retry, failures = [], []
             for (replica, idxs), out in zip(groups.items(), outcomes):
                 if isinstance(out, UpstreamError) and out.kind == "connect":
-                    self.replicas.mark_down(replica, out.message)
+                    self.replicas.refused(replica, out.message)
+                    refused.add(replica)
                     retry += idxs
                 elif isinstance(out, dict):
                     results.update((i, (replica, out, pos, len(idxs)))
@@ -198,7 +199,7 @@ class CompletionForwarder:
         except (aiohttp.ClientError, OSError) as exc:
             err = transport_error(replica, exc, self.config.request_timeout_s)
             if err.kind == "connect":
-                self.replicas.mark_down(replica, err.message)
+                self.replicas.refused(replica, err.message)
             if out is None:
                 return self._upstream_error(err, replica)
             return out  # already streaming: the client sees the stream end early

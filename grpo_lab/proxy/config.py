@@ -36,6 +36,9 @@ class ProxyConfig:
     """Interface to bind (127.0.0.1 = this machine only: the trainer runs next to the proxy)."""
     port: int = 8000
     """TCP port (0 = any free port; the chosen one is printed)."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` from clients on every route but /health, as
+    `vllm serve --api-key` (default: $VLLM_API_KEY; pass it there, not on the command line)."""
     upstream_token_env: str | None = None
     """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
     (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
@@ -69,9 +72,9 @@ class ProxyConfig:
     the upstreams: 5 s when every one is on this machine (loopback), 20 s when any is remote
     (an HF Jobs replica answers through a public proxy, whose latency can spike for seconds)."""
     health_failures: int | None = None
-    """Failed probes in a row that take a replica out of routing. None = set by the upstreams:
-    2 on loopback, 5 when any is remote (so a few slow answers of a public proxy do not drop
-    a healthy replica; a refused connection still takes it out at once)."""
+    """Failed probes in a row, or refused connections in a row, that take a replica out of
+    routing. None = set by the upstreams: 2 on loopback, 5 when any is remote (so a few slow
+    answers or one refused connection through a public proxy do not drop a healthy replica)."""
     stats_every_s: float = 60.0
     """Print the routing counters every S seconds (0 = never)."""
     max_request_bytes: int = 16 * 2**20

@@ -12,14 +12,22 @@
     GET  /server_info, /v1/models     from one healthy replica; data_parallel_size 1
     GET  /get_world_size              {"world_size": tensor x pipeline parallel size of one
                                       replica}, what vLLM answers and TRL's client reads
-    any other route                   passed through to one healthy replica (replicas in turn):
-                                      method, query, body, status and headers (not streamed)
-    the NCCL weight-transfer routes   501: a weight broadcast reaches one replica, not the fleet;
-                                      sync LoRA adapters (/v1/load_lora_adapter) instead
+    read-only routes                  passed through to one healthy replica (replicas in turn):
+                                      method, query, body, status and headers (not streamed).
+                                      Read-only: any GET or HEAD, and the POST routes of
+                                      READ_ONLY_POSTS (/tokenize, /detokenize, pooling, scoring)
+    any other route                   400, refused: it may change one replica's state, which
+                                      the fleet would then disagree on. By name: /sleep,
+                                      /wake_up, /collective_rpc, /scale_elastic_ep and the NCCL
+                                      weight-transfer routes (a weight broadcast reaches one
+                                      replica, not the fleet; sync LoRA adapters through
+                                      /v1/load_lora_adapter instead), with or without a
+                                      trailing slash, whatever the method
 
 A broadcast goes to the replicas in routing; one that is down catches up when it comes back
-(`ReplicaSet`'s resync, grpo_lab.proxy.replicas). Loads and pause/resume are shielded: a client
-that hangs up does not cut them in half.
+(`ReplicaSet`'s resync, grpo_lab.proxy.replicas): the adapters, and the pause state that the
+last /pause or /resume left. Loads and pause/resume are shielded: a client that hangs up does
+not cut them in half.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from ..serving.protocol import error_body
+from ..serving.protocol import RequestError, error_body, loads_json
 from .broadcast import (
     LOAD_PATH,
     UNLOAD_PATH,
@@ -49,6 +57,11 @@ from .replicas import ReplicaSet
 BROADCAST_PATHS = ("/pause", "/resume", "/reset_prefix_cache", LOAD_PATH, UNLOAD_PATH)
 WEIGHT_TRANSFER_PATHS = ("/init_weight_transfer_engine", "/start_weight_update",
                          "/update_weights", "/finish_weight_update")
+ONE_REPLICA_STATE_PATHS = ("/sleep", "/wake_up", "/collective_rpc", "/scale_elastic_ep")
+"""vLLM routes that change one server's state in ways the proxy does not broadcast: refused."""
+READ_ONLY_POSTS = ("/tokenize", "/detokenize", "/v1/embeddings", "/pooling", "/classify",
+                   "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+"""vLLM's POST routes that change nothing on the server: any one replica may answer them."""
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
 """Headers that describe one connection, not the message: never passed through."""
@@ -72,9 +85,9 @@ class Broadcaster:
         """Load or unload on every replica, one operation per adapter name at a time."""
         load = request.path == LOAD_PATH
         try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            return self.error(400, f"Invalid JSON body: {exc}", "bad_request")
+            body = loads_json(await request.read())
+        except RequestError as exc:
+            return self.error(400, exc.message, "bad_request")
         body = body if isinstance(body, dict) else {}
         name, path = body.get("lora_name"), body.get("lora_path")
         if not (isinstance(name, str) and name) or (load and not (isinstance(path, str) and path)):
@@ -88,13 +101,13 @@ class Broadcaster:
 
     async def _broadcast_send(self, replica: str, path: str, body: dict | None,
                               timeout_s: float, method: str = "POST") -> tuple[int, str]:
-        """`ReplicaSet.send` for broadcasts: a refused connection takes the replica out at once,
-        so the caller's retry of the broadcast goes to the replicas that are left."""
+        """`ReplicaSet.send` for broadcasts: refused connections count towards taking the
+        replica out, so a retry of the broadcast goes to the replicas that are left."""
         try:
             return await self.replicas.send(replica, path, body, timeout_s, method)
         except UpstreamError as exc:
             if exc.kind == "connect":
-                self.replicas.mark_down(replica, exc.message)
+                self.replicas.refused(replica, exc.message)
             raise
 
     async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
@@ -129,16 +142,28 @@ class Broadcaster:
         return web.Response(text=result.body, status=result.status, content_type=ctype)
 
     async def to_every_replica(self, request: web.Request) -> web.Response:
-        """/pause, /resume, /reset_prefix_cache: the same call to every replica in routing."""
+        """/pause, /resume, /reset_prefix_cache: the same call to every replica in routing.
+        A /pause or /resume that succeeds is the fleet's pause state, which a replica that
+        comes back is brought to (`ReplicaSet._resync_pause`)."""
         self.counters["broadcasts"][request.path.lstrip("/")] += 1
-        replicas = self.replicas.up()
-        if not replicas:
+        if not self.replicas.up():
             return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
                               "no_replica")
-        result = await asyncio.shield(asyncio.ensure_future(broadcast(
-            self._broadcast_send, replicas, request.path_qs, None,
-            self.config.request_timeout_s)))
+        result = await asyncio.shield(asyncio.ensure_future(
+            self._to_every_replica(request.path, request.path_qs)))
         return self._broadcast_answer(result)
+
+    async def _to_every_replica(self, path: str, path_qs: str) -> BroadcastResult:
+        async with self.replicas.pause_lock:  # no replica comes back halfway through
+            replicas = self.replicas.up()
+            if not replicas:
+                return BroadcastResult(503, error_body(
+                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
+            result = await broadcast(self._broadcast_send, replicas, path_qs, None,
+                                     self.config.request_timeout_s)
+            if path in ("/pause", "/resume") and 200 <= result.status < 300:
+                self.replicas.pause_state = path_qs
+            return result
 
 
 class FleetInfo:
@@ -207,11 +232,11 @@ class FleetInfo:
         return web.json_response({"world_size": size}, headers={"X-Proxy-Upstream": replica})
 
     async def forward(self, request: web.Request) -> web.Response:
-        """Any route the proxy does not handle: to one healthy replica, replicas in turn."""
-        if request.path in WEIGHT_TRANSFER_PATHS:
-            return self.error(501, f"{request.path}: the proxy serves several replicas, and an "
-                              "NCCL weight transfer would reach one of them only. Sync LoRA "
-                              "adapters through /v1/load_lora_adapter instead", "refused")
+        """Any read-only route the proxy does not handle: to one healthy replica, replicas in
+        turn. Every other route is refused (400): it may change one replica's state."""
+        refusal = _refusal(request.method, request.path)
+        if refusal:
+            return self.error(400, refusal, "refused")
         up = self.replicas.up()
         if not up:
             return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
@@ -224,7 +249,7 @@ class FleetInfo:
                 replica, request.method, request.path_qs, await request.read(), headers)
         except UpstreamError as exc:
             if exc.kind == "connect":
-                self.replicas.mark_down(replica, exc.message)
+                self.replicas.refused(replica, exc.message)
             kind = {"timeout": "timeout", "connect": "down"}.get(exc.kind, "closed")
             return self.error(exc.status, exc.message, kind, replica)
         self.counters["forwarded"] += 1
@@ -233,6 +258,23 @@ class FleetInfo:
                          if k.lower() not in HOP_BY_HOP | {"content-encoding"}}
         return web.Response(body=body, status=status,
                             headers={**reply_headers, "X-Proxy-Upstream": replica})
+
+
+def _refusal(method: str, path: str) -> str:
+    """'' if a route may go to one replica, else why the proxy refuses it."""
+    route = re.sub("/+", "/", path).rstrip("/") or "/"  # /sleep/ and //sleep are /sleep
+    if route in WEIGHT_TRANSFER_PATHS:
+        return (f"{path}: the proxy serves several replicas, and an NCCL weight transfer would "
+                "reach one of them only. Sync LoRA adapters through /v1/load_lora_adapter "
+                "instead.")
+    if route in ONE_REPLICA_STATE_PATHS:
+        return (f"{path}: the proxy serves several replicas and cannot apply this to all of "
+                "them; call each replica directly.")
+    if method in ("GET", "HEAD") or (method == "POST" and route in READ_ONLY_POSTS):
+        return ""
+    return (f"{method} {path}: the proxy passes only read-only routes to a replica (GET, or "
+            f"POST to {', '.join(READ_ONLY_POSTS)}); this one may change a replica's state, "
+            "which the rest of the fleet would not share.")
 
 
 def _one_replica_info(text: str) -> str:

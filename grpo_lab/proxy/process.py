@@ -35,5 +35,7 @@ def start_proxy_process(upstreams: list[str], *, host: str = "127.0.0.1", port: 
     (`proxy_args`). Pass tokens through `env`, never argv."""
     args = [*GRPO_LAB, *proxy_args(upstreams, host, port, **flags)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return spawn_until_ready(args, env, ready_marker=READY_MARKER, ready_path="/proxy/stats",
+    # with an API key only /health answers without it (it also waits for the replicas)
+    ready_path = "/health" if flags.get("api_key") or env.get("VLLM_API_KEY") else "/proxy/stats"
+    return spawn_until_ready(args, env, ready_marker=READY_MARKER, ready_path=ready_path,
                              what="proxy", log_path=log_path, startup_timeout_s=startup_timeout_s)

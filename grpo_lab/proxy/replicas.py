@@ -8,13 +8,19 @@
     stream      a streamed completion (aiohttp: its bytes pass through)
     relay       any other request, to one replica, answered as that replica answered
     probe       GET /health; `probe_forever` calls it every `health_interval_s`:
-                `health_failures` failures in a row, or a refused connection, take a replica out
-                of routing (`mark_down`) and fail its requests in flight (503)
+                `health_failures` failures in a row take a replica out of routing
+                (`mark_down`) and fail its requests in flight (503)
+    refused     a call could not connect; `health_failures` of them in a row take the replica
+                out as failed probes do (one refusal is often a blip: a full accept queue, a
+                public proxy's hiccup), and the caller sends the request elsewhere
     _resync     a replica that answers again gets a healthy peer's adapters (what it lacks
-                loaded, what the fleet dropped meanwhile unloaded) before it is routed to again
+                loaded, what the fleet dropped meanwhile unloaded) and the fleet's pause state
+                (paused or resumed, as the last /pause or /resume left it) before it is routed
+                to again
 
 A call that gets no HTTP answer becomes an `UpstreamError` (`transport_error`), whose `kind`
-says what the proxy does next: `connect` takes the replica out, the others answer 502/504.
+says what the proxy does next: `connect` counts towards taking the replica out, the others
+answer 502/504.
 """
 
 from __future__ import annotations
@@ -67,7 +73,13 @@ class ReplicaSet:
         self._calls: dict[str, set[asyncio.Task]] = {r: set() for r in self.urls}
         self._killed: dict[asyncio.Task, str] = {}
         self._failures = dict.fromkeys(self.urls, 0)  # failed probes in a row
+        self._refusals = dict.fromkeys(self.urls, 0)  # refused connections in a row
         self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # name -> lock
+        # The fleet's pause state as the last /pause or /resume broadcast left it: the query
+        # of that /pause (e.g. "/pause?mode=keep"), "/resume", or None (never broadcast; a
+        # returning replica is then left as it is). Broadcasts and resyncs hold `pause_lock`.
+        self.pause_state: str | None = None
+        self.pause_lock = asyncio.Lock()
 
     async def open(self) -> None:
         cfg = self.config
@@ -110,6 +122,13 @@ class ReplicaSet:
                 self._killed[task] = reason
                 task.cancel()
 
+    def refused(self, replica: str, reason: str) -> None:
+        """A call to `replica` could not connect: `health_failures` in a row take it out."""
+        self._refusals[replica] += 1
+        if self._refusals[replica] >= self.config.health_failures:
+            self.mark_down(replica, f"{self._refusals[replica]} refused connections in a row: "
+                           f"{reason}")
+
     async def probe(self, replica: str) -> str:
         """'' if /health answers 200, else why not."""
         try:
@@ -132,12 +151,16 @@ class ReplicaSet:
                 self._failures[replica] = 0
                 if replica in self.down_reasons:
                     why = await self._resync(replica)
-                    if why:
-                        self.down_reasons[replica] = why
-                    else:
-                        del self.down_reasons[replica]
-                        self.router.mark_up(replica)
-                        print(f"grpo-lab proxy: {replica} is back in routing", file=sys.stderr)
+                    async with self.pause_lock:  # no /pause or /resume half done meanwhile
+                        why = why or await self._resync_pause(replica)
+                        if why:
+                            self.down_reasons[replica] = why
+                        else:
+                            del self.down_reasons[replica]
+                            self._refusals[replica] = 0
+                            self.router.mark_up(replica)
+                            print(f"grpo-lab proxy: {replica} is back in routing",
+                                  file=sys.stderr)
             self._pool.prune()  # close connections idle for too long
             await asyncio.sleep(self.config.health_interval_s)
 
@@ -181,6 +204,20 @@ class ReplicaSet:
             return f"back, but its adapters could not be synced: {exc}"
         return ""
 
+    async def _resync_pause(self, replica: str) -> str:
+        """Bring a returning replica to the fleet's pause state (a restarted server runs; one
+        that was away may still be paused after the fleet resumed). '' or why not."""
+        if self.pause_state is None:
+            return ""
+        try:
+            status, text = await self.send(replica, self.pause_state, None,
+                                           self.config.control_timeout_s)
+        except UpstreamError as exc:
+            return f"back, but {self.pause_state} failed: {exc.message}"
+        if not 200 <= status < 300:
+            return f"back, but {self.pause_state} answered {status} {text[:200]}"
+        return ""
+
     # ------------------------------------------------------------------ upstream calls
 
     async def send(self, replica: str, path: str, body: dict | None, timeout_s: float,
@@ -189,6 +226,7 @@ class ReplicaSet:
         try:
             async with self._control.request(method, replica + path, json=body,
                                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                self._refusals[replica] = 0
                 return r.status, await r.text(errors="replace")
         except (aiohttp.ClientError, OSError) as exc:
             raise transport_error(replica, exc, timeout_s) from None
@@ -200,7 +238,9 @@ class ReplicaSet:
         calls = self._calls[replica]
         calls.add(task)
         try:
-            return await self._pool.post(replica + path, data, self.config.request_timeout_s)
+            answer = await self._pool.post(replica + path, data, self.config.request_timeout_s)
+            self._refusals[replica] = 0
+            return answer
         except asyncio.CancelledError:
             reason = self._killed.pop(task, None)
             if reason is None or task.uncancel() > 0:
@@ -220,6 +260,7 @@ class ReplicaSet:
         try:
             async with self._session.request(method, replica + path_qs, data=data,
                                              headers={**headers, **self._auth}) as reply:
+                self._refusals[replica] = 0
                 return reply.status, dict(reply.headers), await reply.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise transport_error(replica, exc, self.config.request_timeout_s) from None

@@ -30,7 +30,7 @@ turn fell on a replica with the longest specific match, `spilled` when it did no
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -136,12 +136,15 @@ class PrefixRouter:
 
     # ---- routing -------------------------------------------------------------------------------
 
-    def route(self, token_ids: Sequence[int], adapter_name: str) -> RouteDecision:
+    def route(self, token_ids: Sequence[int], adapter_name: str,
+              avoid: Collection[str] = ()) -> RouteDecision:
         """Choose a replica for one prompt, record it as an owner of the prompt's blocks, and
-        count the request as in flight there (call `finish` when its response ends)."""
+        count the request as in flight there (call `finish` when its response ends). Replicas
+        in `avoid` (they just refused this request) are chosen only if no other is up."""
         up = [i for i, ok in enumerate(self._up) if ok]
         if not up:
             raise NoReplicaAvailable(f"all replicas are marked down: {self.replicas}")
+        up = [i for i in up if self.replicas[i] not in avoid] or up
         up_mask = sum(1 << i for i in up)
         hashes = self.block_hashes(token_ids, adapter_name)
         blocks = [self._table.get(h) for h in hashes]

@@ -17,8 +17,10 @@ own trainer publishes.
 
 What TRL needs that grpo_lab does not provide, and how this job handles it:
 - vLLM installed: TRL's rollout worker refuses to start without `import vllm`, and its NCCL
-  weight transfer imports vLLM helpers. On a GPU the job runs in the vLLM image. Its tests use
-  test-only stand-ins (tests/trl_stand_ins/), never the NCCL path: adapters travel as files.
+  weight transfer imports vLLM helpers (never called: adapters travel as files). On a GPU the
+  job runs in the vLLM image; on a CPU the vLLM CPU build does. Only where no `vllm` is
+  installed do its tests use test-only stand-ins (tests/trl_stand_ins/); `summary.json` says
+  which `vllm` the job imported.
 - CUDA: FlashAttention-3 from the Hub (`kernels`) for its packed prefix trees, and the GPU's
   name for MFU. On a CUDA GPU TRL's own code runs (the job needs `pip install kernels` and the
   Hub); elsewhere grpo_lab.rollout.trl_cpu stands in for both.
@@ -29,6 +31,19 @@ Not mapped, TRL decides: the loss's aggregation and advantage scaling (`loss_typ
 `scale_rewards`: TRL's own token-mean loss, group std scaling), and no held-out evaluation
 (`eval_every`; `grpo-lab train-async` evaluates, this job does not). `beta > 0` and
 `num_iterations > 1` are refused.
+
+One optimizer step is exactly `prompts_per_step` x G samples (`trl_config`): TRL's own
+token-budget batcher packs a variable number of samples per micro-batch and, with one
+micro-batch per step, would make a step one packed row; this job sizes fixed-count micro-batches
+from `token_budget` and accumulates them instead. The weights stay float32, computed in
+`--dtype` under autocast (bfloat16 on a GPU), with AdamW's betas (0.9, `adam_beta2`) and
+`weight_decay`, as TRL and the reference train.
+
+Checkpoints: every `checkpoint_every` steps TRL writes `checkpoint-N` (adapter, optimizer,
+scheduler, RNG, the rollout worker's prompt position and adapter version) into
+`<output-dir>/trl`, the run's folder in the bucket; `--resume` starts from the newest one and
+keeps numbering adapters after the newest `trl-policy-vN` in the bucket, so no name a server
+may still hold is published again.
 
 Metrics are TRL's names (its `log_history`), written whole to `metrics.jsonl` at every log, with
 one printed line per step; `summary.json` has the steps, the adapters published and the time.
@@ -67,14 +82,26 @@ class TrlAsyncJobConfig:
     max_staleness x samples per step)."""
     server_timeout_s: float = 240.0
     """Longest wait for the server's /health before the first request."""
-    request_timeout_s: int = 120
-    """Longest wait for one completion."""
+    request_timeout_s: int = 600
+    """Longest wait for one completion (TRL's and the reference's 600 s: a 3,000-token
+    completion on a busy replica takes minutes)."""
+    resume: bool = False
+    """Continue from the newest checkpoint-N in <output-dir>/trl, if any (a preempted job
+    restarted with the same command); adapters already in the bucket are then expected."""
+    checkpoint_every: int = 10
+    """TRL's save_steps: write checkpoint-N into <output-dir>/trl every N steps and at the end
+    (0 = never)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep (TRL's save_total_limit)."""
 
     def __post_init__(self):
         if not self.server_url:
             raise ValueError("train-trl-async needs --server-url (the proxy's or one server's URL)")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ValueError("need checkpoint_every >= 0 and keep_checkpoints >= 1, got "
+                             f"{self.checkpoint_every} and {self.keep_checkpoints}")
 
 
 class WeightedReward:
@@ -134,31 +161,68 @@ def trl_dataset(config: AsyncGRPOConfig, task=None):
                                "answer": p.answer} for p in problems])
 
 
+def micro_batch_size(samples: int, sample_tokens: int, token_budget: int | None) -> int:
+    """Samples per micro-batch: the whole step's without a budget; with one, the most samples of
+    the longest possible length (`sample_tokens`) that fit in `token_budget` (at least one),
+    lowered to a divisor of `samples` so that the micro-batches add up to exactly one step."""
+    if token_budget is None:
+        return samples
+    fit = max(1, min(samples, token_budget // sample_tokens))
+    return max(n for n in range(1, fit + 1) if samples % n == 0)
+
+
+def max_prompt_tokens(dataset, tokenizer) -> int:
+    """The longest prompt of the run in tokens, rendered as TRL's rollout worker renders it."""
+    return max(len(tokenizer.apply_chat_template(row["prompt"], return_dict=False,
+                                                 add_generation_prompt=True))
+               for row in dataset)
+
+
 def trl_config(config: AsyncGRPOConfig, job: TrlAsyncJobConfig, output_dir: Path, device: str,
-               max_completion_length: int):
-    """grpo_lab's settings -> TRL's `AsyncGRPOConfig` (one optimizer step = prompts_per_step x G
-    samples, one micro-batch unless token_budget is set)."""
+               max_completion_length: int, prompt_tokens: int = 0):
+    """grpo_lab's settings -> TRL's `AsyncGRPOConfig`; one optimizer step = exactly
+    prompts_per_step x G samples.
+
+    TRL's own `token_budget` (its `TokenBudgetBatcher`; None means the server's max_model_len)
+    fills each micro-batch with however many samples fit, ignoring per_device_train_batch_size,
+    so a step would be one packed row. TRL is given `token_budget=0` (its fixed-count batcher)
+    instead: without grpo_lab's token_budget one micro-batch holds the whole step; with it, each
+    holds `micro_batch_size` samples (at most `token_budget` tokens even if every sample has the
+    longest prompt, `prompt_tokens`, and a full completion) and gradient accumulation adds them
+    up to the step. The weights stay float32: `--dtype` (bfloat16 on a GPU) is the autocast's."""
     from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
 
     group = config.num_generations
-    dtype = str(resolve_dtype(config.dtype, device)).removeprefix("torch.")
+    samples = config.prompts_per_step * group
+    micro = micro_batch_size(samples, prompt_tokens + max_completion_length, config.token_budget)
+    compute = str(resolve_dtype(config.dtype, device)).removeprefix("torch.")
+    checkpoints = ({"save_strategy": "steps", "save_steps": job.checkpoint_every,
+                    "save_total_limit": job.keep_checkpoints} if job.checkpoint_every
+                   else {"save_strategy": "no"})
     return TRLAsyncGRPOConfig(
         output_dir=str(output_dir), max_steps=config.steps, seed=config.seed,
-        per_device_train_batch_size=config.prompts_per_step * group,
-        gradient_accumulation_steps=1, num_generations=group,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
+        token_budget=0, num_generations=group,
         max_completion_length=max_completion_length, temperature=config.temperature,
         learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler_type,
+        adam_beta2=config.adam_beta2, weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm, epsilon=config.epsilon_low,
         epsilon_high=config.epsilon_high, max_staleness=config.max_staleness,
-        weight_sync_steps=config.weight_sync_steps, token_budget=config.token_budget,
+        weight_sync_steps=config.weight_sync_steps,
         queue_maxsize=config.effective_buffer_size * group,
         max_inflight_tasks=job.max_inflight if job.max_inflight is not None else -1,
         vllm_server_base_url=job.server_url, vllm_server_timeout=job.server_timeout_s,
         request_timeout=job.request_timeout_s,
         gradient_checkpointing=config.gradient_checkpointing,
-        dtype=dtype, bf16=dtype == "bfloat16",
-        use_cpu=device == "cpu", logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True)
+        dtype="float32", bf16=compute == "bfloat16", fp16=compute == "float16",
+        use_cpu=device == "cpu", logging_steps=1, report_to="none", disable_tqdm=True,
+        **checkpoints)
+
+
+def vllm_origin() -> str | None:
+    """Where `import vllm` finds the package: the real one, or a stand-in (None = neither)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec.origin if spec else None
 
 
 def lora_config(config: AsyncGRPOConfig):
@@ -173,23 +237,34 @@ def _trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
-        """TRL's trainer, with its adapters saved into `bucket` (the servers' adapter folder) and,
-        off a GPU, tree attention computed by grpo_lab.rollout.trl_cpu."""
+        """TRL's trainer, with its adapters saved into `bucket` (the servers' adapter folder),
+        numbered after `published` (the newest version a previous run left there) and, off a
+        GPU, tree attention computed by grpo_lab.rollout.trl_cpu."""
 
-        def __init__(self, *args, bucket: Path, cpu_attention: bool, **kwargs):
+        def __init__(self, *args, bucket: Path, cpu_attention: bool, published: int = 0,
+                     **kwargs):
             super().__init__(*args, **kwargs)  # registers TRL's FlashAttention-3 tree attention
             if cpu_attention:
                 from .trl_cpu import use_cpu_tree_attention
 
                 use_cpu_tree_attention()
             self._lora_dir = str(bucket.resolve())  # trl-policy-vN/ land in the bucket
+            self._published = published
+
+        def _sync_weight(self):
+            # A resumed run: TRL restores the checkpoint's version, but a preempted run may have
+            # published later ones that the servers still hold; go on after the newest.
+            if self._published > self.model_version:
+                self.model_version = self._published
+            self._published = 0
+            super()._sync_weight()
 
     class LogLines(TrainerCallback):
         """One line per logged step with fixed keys; `metrics.jsonl` rewritten whole each time
         (a file on a bucket mount is written in one piece, never appended to)."""
 
-        def __init__(self, path: Path, steps: int):
-            self.path, self.steps, self.records = path, steps, []
+        def __init__(self, path: Path, steps: int, records: list[dict]):
+            self.path, self.steps, self.records = path, steps, records
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
@@ -217,12 +292,14 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     if config.num_iterations != 1:
         raise ValueError("TRL's AsyncGRPOTrainer takes one optimizer step per batch: set "
                          "--num-iterations 1")
-    if importlib.util.find_spec("vllm") is None:
+    if vllm_origin() is None:
         raise ValueError("TRL's AsyncGRPOTrainer does not start without the `vllm` package, "
                          "although adapter sync only needs it importable: run the job in the "
-                         "vLLM image (or pip install vllm). On a CPU, tests put the stand-ins of "
+                         "vLLM image, or pip install vllm (its CPU build does off a GPU). Where "
+                         "no vllm can be installed, tests put the stand-ins of "
                          "tests/trl_stand_ins/ on PYTHONPATH")
     from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
 
     from ..train.trainer import GRPOTrainer
 
@@ -230,27 +307,38 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     out.mkdir(parents=True, exist_ok=True)
     bucket = Path(job.bucket) if job.bucket else out / "adapters"
     bucket.mkdir(parents=True, exist_ok=True)
-    if any(bucket.glob(f"{LORA_NAME}-v*")):
+    published = max((int(p.name.rsplit("-v", 1)[1]) for p in bucket.glob(f"{LORA_NAME}-v*")
+                     if p.name.rsplit("-v", 1)[1].isdigit()), default=0)
+    if published and not job.resume:
         raise ValueError(f"{bucket} already holds {LORA_NAME}-v* adapters from another run: "
-                         "use a new --bucket (TRL numbers versions from 1)")
+                         "use a new --bucket (TRL numbers versions from 1), or --resume to "
+                         "continue the run that wrote them")
+    trl_dir = out / "trl"
+    checkpoint = get_last_checkpoint(str(trl_dir)) if job.resume and trl_dir.is_dir() else None
+    start_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
     device = resolve_device(config.device)
     model_path = str(GRPOTrainer.resolve_model_path(config))
     tokenizer = with_response_parser(AutoTokenizer.from_pretrained(model_path,
                                                                    padding_side="left"))
     task = config.make_task()
     max_completion_length = config.max_new_tokens or task.max_answer_chars + 2
-    args = trl_config(config, job, out / "trl", device, max_completion_length)
+    dataset = trl_dataset(config, task)
+    prompt_tokens = max_prompt_tokens(dataset, tokenizer) if config.token_budget else 0
+    args = trl_config(config, job, trl_dir, device, max_completion_length, prompt_tokens)
     BucketAsyncGRPOTrainer, LogLines = _trainer_class()
     if not device.startswith("cuda"):
         from .trl_cpu import skip_cuda_queries
 
         skip_cuda_queries()
-    log = LogLines(out / "metrics.jsonl", config.steps)
+    metrics = out / "metrics.jsonl"
+    kept = [json.loads(line) for line in metrics.read_text().splitlines()
+            if line.strip()] if start_step and metrics.exists() else []
+    log = LogLines(metrics, config.steps, [r for r in kept if r["step"] <= start_step])
     trainer = BucketAsyncGRPOTrainer(
         model=model_path, reward_funcs=reward_funcs(config), args=args,
-        train_dataset=trl_dataset(config, task), processing_class=tokenizer,
+        train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(config), callbacks=[log], bucket=bucket,
-        cpu_attention=not device.startswith("cuda"))
+        cpu_attention=not device.startswith("cuda"), published=published)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # LogLines prints one line per step instead
@@ -258,13 +346,19 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
         raise RuntimeError(f"{job.server_url} does not take LoRA adapters (TRL chose merged "
                            "weights over NCCL): start the servers with --enable-lora and "
                            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1")
+    if checkpoint:
+        print(f"resuming from {checkpoint} (step {start_step}); adapters from "
+              f"{LORA_NAME}-v{published + 1}", flush=True)
     start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - start
     trainer.save_model(str(out / "adapter"))
     summary = {
         "trainer": "trl",
         "steps": trainer.state.global_step,
+        "resumed_from_step": start_step,
+        "checkpoints": sorted((p.name for p in trl_dir.glob("checkpoint-*")),
+                              key=lambda name: int(name.rsplit("-", 1)[1])),
         "version": trainer.model_version,
         "adapters_in_bucket": sorted(p.name for p in bucket.glob(f"{LORA_NAME}-v*")),
         "final_loss": log.records[-1]["loss"] if log.records else None,
@@ -272,6 +366,7 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
         "reward_last": log.records[-1].get("reward") if log.records else None,
         "seconds": round(seconds, 1),
         "bucket": str(bucket),
+        "vllm": vllm_origin(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -9,6 +9,7 @@ a request that can never succeed, a 404 `NotFoundError` for an unknown model, an
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 import uuid
@@ -20,6 +21,11 @@ if TYPE_CHECKING:  # torch-free at import: the proxy uses the error and prompt r
     from .sampling import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_TINY, FLOAT32_MAX = 2.0**-126, 3.4028234663852886e38
+"""The smallest normal and the largest float32: sampling parameters are float32 tensors, where
+a smaller non-zero value becomes 0 or a denormal (a division by it overflows) and a larger one inf."""
+MAX_STOP_TOKEN_IDS = 1024
+"""Most `stop_token_ids` a request may name (each is checked at every decode step)."""
 _MISSING = object()
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError",
@@ -91,7 +97,13 @@ def get_field(body: dict, name: str, kind: str, default=_MISSING, *, nullable: b
     if not ok:
         raise RequestError(f"'{name}' must be {_KIND_NAMES[kind]}, got {_type_name(value)} "
                            f"{value!r:.80}.", param=name)
-    return float(value) if kind == "float" else value
+    if kind == "float":
+        value = float(value)
+        if not (value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX):  # NaN fails too
+            raise RequestError(f"'{name}' must be a finite number, 0 or of magnitude between "
+                               f"{FLOAT32_TINY:.4g} and {FLOAT32_MAX:.4g} (float32), got "
+                               f"{value!r}.", param=name)
+    return value
 
 
 def _check(condition: bool, message: str, param: str) -> None:
@@ -161,6 +173,8 @@ def parse_completion_request(body, max_logprobs: int = 20) -> CompletionRequest:
     temperature = 1.0 if temperature is None else temperature
     _check(temperature >= 0, f"temperature must be non-negative, got {temperature}.",
            "temperature")
+    # as vLLM: greedy children would all be the same completion
+    _check(temperature > 0 or n == 1, f"n must be 1 when using greedy sampling, got {n}.", "n")
     top_p = get_field(body, "top_p", "float", 1.0, nullable=True)
     top_p = 1.0 if top_p is None else top_p
     _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}.", "top_p")
@@ -180,6 +194,10 @@ def parse_completion_request(body, max_logprobs: int = 20) -> CompletionRequest:
            f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
            f"{max_logprobs}" if logprobs is not None and logprobs > 0 else
            f"logprobs must be non-negative, got {logprobs}.", "logprobs")
+    stop_ids = body.get("stop_token_ids")
+    _check(not isinstance(stop_ids, list) or len(stop_ids) <= MAX_STOP_TOKEN_IDS,
+           f"stop_token_ids has {len(stop_ids or [])} entries; the limit is "
+           f"{MAX_STOP_TOKEN_IDS}.", "stop_token_ids")  # before its entries are checked
     stop_token_ids = get_field(body, "stop_token_ids", "int_list", None) or []
     stop = body.get("stop")
     _check(not stop, "'stop' strings are not supported by grpo_lab's server; use "
@@ -201,13 +219,13 @@ def check_prompt(ids: list[int], max_tokens: int | None, max_model_len: int,
     """Token ids in range and the length rule (vLLM never clamps); returns the max_tokens to use."""
     if not ids:
         raise RequestError("Prompt cannot be empty.", param="prompt")
+    if len(ids) >= max_model_len:  # first: a huge prompt is refused before it is scanned
+        raise RequestError(f"The prompt (length {len(ids)}) is longer than the maximum model "
+                           f"length of {max_model_len}.", param="prompt")
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocabulary size "
                            f"{vocab_size}).", param="prompt")
-    if len(ids) >= max_model_len:
-        raise RequestError(f"The prompt (length {len(ids)}) is longer than the maximum model "
-                           f"length of {max_model_len}.", param="prompt")
     if max_tokens is None:
         return max_model_len - len(ids)
     if len(ids) + max_tokens > max_model_len:
@@ -269,10 +287,25 @@ def model_card(name: str, root: str, parent: str | None, max_model_len: int | No
     }
 
 
-async def read_json_body(request) -> object:
-    """An aiohttp request's JSON body; a 400 in vLLM's format when it is not JSON."""
-    raw = await request.read()  # raises 413 above the app's client_max_size
+def loads_json(raw: bytes) -> object:
+    """A request body parsed; a 400 in vLLM's format when it is not JSON, also when it is nested
+    too deeply for the parser (a RecursionError, which must not become a 500)."""
     try:
         return json.loads(raw)
     except ValueError as exc:
         raise RequestError(f"Invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise RequestError("Invalid JSON body: nested too deeply.") from None
+
+
+async def read_json_body(request) -> object:
+    """An aiohttp request's JSON body; a 400 in vLLM's format when it is not JSON."""
+    return loads_json(await request.read())  # read() raises 413 above client_max_size
+
+
+def bearer_ok(header: str | None, api_key: str) -> bool:
+    """Whether an `Authorization` header is `Bearer <api_key>`, compared in constant time on
+    bytes. aiohttp hands non-UTF-8 header bytes over as surrogate escapes: they are encoded
+    back as they came (never a UnicodeEncodeError, so a 401, not a 500)."""
+    given = (header or "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {api_key}".encode("utf-8", "surrogateescape"))

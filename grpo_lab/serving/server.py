@@ -24,14 +24,19 @@ prefix_cache (on by default, as in vLLM), server_info (/server_info, /metrics), 
 The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
 bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
 With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM guards only
-/v1/*; guarding /pause and /server_info too costs a client that sends the key nothing).
+/v1/*; guarding /pause and /server_info too costs a client that sends the key nothing); a
+missing, wrong or undecodable header is a 401.
+
+Hostile input costs little: sizes are checked before any work (a text prompt too long to fit
+is refused before it is tokenized), prompts are tokenized in a worker thread, never on the
+event loop, and numbers must be finite float32 values. If the engine thread dies the process
+exits with status 1 (a supervisor restarts it), instead of answering 503 forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import sys
 import time
 import traceback
@@ -45,6 +50,7 @@ from .prefix_cache import PrefixCache
 from .process import READY_MARKER, serve_until_signalled
 from .protocol import (
     RequestError,
+    bearer_ok,
     check_prompt,
     completion_choice,
     completion_response,
@@ -106,6 +112,11 @@ class RolloutServer:
         self.runtime_lora = _gate("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
         self.created = int(time.time())
         self._token_text: dict[int, str] = {}
+        # A token's text is at most this many characters (its vocabulary entry is as long or
+        # longer): a text prompt beyond max_model_len x this x 4 (normalizers may shrink text)
+        # cannot fit, and is refused without tokenizing it.
+        self.max_prompt_chars = 4 * self.max_model_len * max(
+            map(len, tokenizer.get_vocab()), default=1)
 
     # ------------------------------------------------------------------ app and middlewares
 
@@ -161,8 +172,7 @@ class RolloutServer:
     @web.middleware
     async def _auth(self, request, handler):
         if self.api_key and request.path != "/health":
-            given = request.headers.get("Authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            if not bearer_ok(request.headers.get("Authorization"), self.api_key):
                 return _json({"error": "Unauthorized"}, 401)
         return await handler(request)
 
@@ -295,13 +305,20 @@ class RolloutServer:
                 raise RequestError(f"The model `{req.model}` does not exist.", 404,
                                    param="model")
             adapter = await self._resident(adapter)
-        prompt_ids = [p if isinstance(p, list) else
-                      self.tokenizer(p, add_special_tokens=req.add_special_tokens)["input_ids"]
-                      for p in req.prompts]
         limit = 16 * self.config.max_num_seqs  # a bound on memory, far above any real request
-        if len(prompt_ids) * req.params.n > limit:
-            raise RequestError(f"The request asks for {len(prompt_ids) * req.params.n} "
+        if len(req.prompts) * req.params.n > limit:
+            raise RequestError(f"The request asks for {len(req.prompts) * req.params.n} "
                                f"completions (prompts x n); the limit is {limit}.", param="n")
+        texts = [p for p in req.prompts if isinstance(p, str)]
+        for text in texts:  # sizes before work: never tokenize what cannot fit
+            if len(text) > self.max_prompt_chars:
+                raise RequestError(f"The prompt ({len(text)} characters) is longer than the "
+                                   f"maximum model length of {self.max_model_len} tokens.",
+                                   param="prompt")
+        if texts:  # in a worker thread: a long text must not stall the event loop
+            encoded = iter((await asyncio.to_thread(
+                self.tokenizer, texts, add_special_tokens=req.add_special_tokens))["input_ids"])
+        prompt_ids = [p if isinstance(p, list) else next(encoded) for p in req.prompts]
         sequences = []
         for ids in prompt_ids:
             max_tokens = check_prompt(ids, req.max_tokens, self.max_model_len, self.vocab_size)
@@ -326,7 +343,16 @@ class RolloutServer:
                                          sum(len(s.output_ids) for s in sequences)))
 
 
-async def _serve_forever(server: RolloutServer) -> None:
+async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | None:
+    """Returns once the engine thread is dead: the exception that killed it, if any."""
+    while engine.alive:
+        await asyncio.sleep(poll_s)
+    return engine.error
+
+
+async def _serve_forever(server: RolloutServer) -> int:
+    """Serve until SIGTERM or Ctrl-C (returns 0) or until the engine dies (returns 1: a process
+    that can generate nothing must end, so that its supervisor sees it and restarts it)."""
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, server.config.host, server.config.port)
@@ -335,14 +361,27 @@ async def _serve_forever(server: RolloutServer) -> None:
     print(f"{READY_MARKER} http://{server.config.host}:{port} model={server.base_name} "
           f"lora={server.config.enable_lora} dev_mode={server.dev_mode} "
           f"runtime_lora_updating={server.runtime_lora}", flush=True)
-    await serve_until_signalled(runner)
+    serving = asyncio.ensure_future(serve_until_signalled(runner))
+    death = asyncio.ensure_future(engine_death(server.engine))
+    await asyncio.wait([serving, death], return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        death.cancel()
+        serving.result()
+        return 0
+    print(f"grpo-lab serve: the engine died ({death.result()!r}); exiting", file=sys.stderr,
+          flush=True)
+    serving.cancel()  # serve_until_signalled closes the runner on its way out
+    await asyncio.gather(serving, return_exceptions=True)
+    return 1
 
 
 def serve(config: ServeConfig) -> None:
-    """Load the model and serve until SIGTERM or Ctrl-C."""
+    """Load the model and serve until SIGTERM or Ctrl-C; exit with status 1 if the engine dies."""
     os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
     server = RolloutServer(config)
     print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
           f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
           file=sys.stderr, flush=True)
-    asyncio.run(_serve_forever(server))
+    code = asyncio.run(_serve_forever(server))
+    if code:
+        sys.exit(code)

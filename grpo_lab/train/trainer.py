@@ -31,6 +31,7 @@ from ..core.generation import Completions, generate_completions
 from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
+from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from ..core.tasks import Problem
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
 from .metrics import MetricsLogger
@@ -115,7 +116,9 @@ class GRPOTrainer:
                               "chat_template": config.chat_template}
         self.model = self._prepare_model(model.to(self.device))
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
+                                           betas=(0.9, config.adam_beta2),
+                                           weight_decay=config.weight_decay)
         self.num_trainable = sum(p.numel() for p in params)
         # A frozen copy is the KL reference for full fine-tuning; LoRA uses the disabled adapter.
         self.ref_model = None
@@ -227,22 +230,47 @@ class GRPOTrainer:
         return float(grad_norm)
 
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
-        """Stage 4: `num_iterations` clipped-surrogate updates on one batch."""
+        """Stage 4: `num_iterations` clipped-surrogate updates on one batch.
+
+        With `vllm_importance_sampling_correction` the ratio is taken against the trainer's own
+        logprobs before the first update (TRL's old_per_token_logps) and each token's loss is
+        weighted by pi_old / pi_sampler. Here the sampler is this very model (`generate`), so
+        the weights are 1 up to float rounding: the `sampling/*` metrics show that gap.
+        """
+        cfg = self.config
         ref_logps = self.reference_logprobs(batch)
+        old_logps, weights, correction = batch.old_logps, None, {}
         metrics: dict[str, float] = {}
-        for _ in range(self.config.num_iterations):
+        for iteration in range(cfg.num_iterations):
             logps = policy_logprobs(self.model, batch.prompt_ids, batch.prompt_mask,
-                                    batch.completion_ids, batch.completion_mask,
-                                    self.config.temperature)
+                                    batch.completion_ids, batch.completion_mask, cfg.temperature)
+            if cfg.vllm_importance_sampling_correction and iteration == 0:
+                # Before any update the policy is pi_old: its logprobs, fixed for every iteration.
+                old_logps = logps.detach()
+                weights, correction = self.sampler_weights(old_logps, batch.old_logps,
+                                                           batch.completion_mask)
             loss, metrics = grpo_loss(
-                logps, batch.old_logps, batch.advantages, batch.completion_mask,
-                loss_type=self.config.loss_type, epsilon_low=self.config.epsilon_low,
-                epsilon_high=self.config.epsilon_high, beta=self.config.beta,
+                logps, old_logps, batch.advantages, batch.completion_mask,
+                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
+                epsilon_high=cfg.epsilon_high, beta=cfg.beta,
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
+                importance_weights=weights,
             )
             loss.backward()
-            metrics.update(loss=loss.item(), grad_norm=self.apply_gradients())
+            metrics.update(loss=loss.item(), grad_norm=self.apply_gradients(), **correction)
         return metrics
+
+    def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The importance weights pi_old / pi_sampler of the configured mode and cap, (B, T) or
+        (B, 1), and TRL's `sampling/*` metrics of them (grpo_lab.core.sampler_correction)."""
+        cfg = self.config
+        mode = cfg.vllm_importance_sampling_mode
+        weights = sampler_importance_weights(
+            old_logps, sampler_logps, mask, mode=mode,
+            clip_max=cfg.vllm_importance_sampling_clip_max,
+            clip_min=cfg.vllm_importance_sampling_clip_min)
+        return weights, sampler_correction_metrics(old_logps, sampler_logps, weights, mask, mode)
 
     def step(self) -> dict[str, float]:
         """One GRPO step on fresh prompts; returns its metrics."""
