@@ -22,7 +22,16 @@ METRICS: dict[str, str] = {
     "completions/clipped_ratio": "fraction of completions cut at max_new_tokens (no EOS)",
     "loss": "the GRPO objective of the last update (near 0 at ratio 1: the advantages sum to 0)",
     "ratio": "mean pi_theta / pi_old over completion tokens (1 at the first update of a batch)",
-    "kl": "mean k3 estimate of KL(pi_theta || pi_ref) over tokens (only with beta > 0)",
+    "kl": "with beta > 0: mean k3 estimate of KL(pi_theta || pi_ref) over tokens; in the "
+          "asynchronous trainer with beta = 0, as TRL's AsyncGRPOTrainer logs it: the k3 estimate "
+          "of KL(pi_sampler || pi_theta) on the sampled tokens, what a wrong or stale sampler moves",
+    "sampling/sampling_logp_difference/mean": "mean |log pi_old - log pi_sampler| over completion "
+          "tokens: how far the sampler's logprobs are from the trainer's (TRL's name)",
+    "sampling/sampling_logp_difference/max": "the largest such difference",
+    "sampling/importance_sampling_ratio/min": "smallest importance weight pi_old / pi_sampler "
+          "after truncation or masking (vllm_importance_sampling_mode), per token or sequence",
+    "sampling/importance_sampling_ratio/mean": "mean of those weights",
+    "sampling/importance_sampling_ratio/max": "largest of those weights",
     "clip_ratio/low_mean": "fraction of tokens with negative advantage clipped below 1 - epsilon_low",
     "clip_ratio/high_mean": "fraction of tokens with positive advantage clipped above 1 + epsilon_high",
     "clip_ratio/region_mean": "fraction of tokens clipped on either side",
