@@ -237,7 +237,9 @@ class BF16LikeGenerator:
 def async_trainer(tiny_model_dir, **overrides) -> AsyncGRPOTrainer:
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     cfg = AsyncGRPOConfig(**{**SMALL, "asynchronous": False, "trainer_threads": 1,
-                             "generator_threads": 1, **overrides})
+                             "generator_threads": 1,
+                             "vllm_importance_sampling_correction": True,  # off by default here
+                             **overrides})
     trainer = AsyncGRPOTrainer(cfg, model=model, tokenizer=tokenizer)
     trainer.generator = BF16LikeGenerator(trainer.generator)
     return trainer

@@ -23,6 +23,13 @@ class AsyncGRPOConfig(GRPOConfig):
     The synchronous mode syncs every step (it always samples from the current weights)."""
     buffer_size: int | None = None
     """Groups (one prompt's G completions) the rollout buffer holds; None = prompts_per_step."""
+    vllm_importance_sampling_correction: bool = False
+    """As TRL's AsyncGRPOTrainer, which has no such correction: the ratio is taken against the
+    sampler's own logprobs (stale by up to max_staleness versions). True: one more no-grad pass
+    scores the samples with the trainer's weights (pi_old), the ratio is taken against those and
+    each token is weighted by pi_old / pi_sampler, truncated or masked (AReaL's decoupled
+    objective; grpo_lab.core.sampler_correction). TRL's `kl` (sampler vs policy) is logged
+    either way."""
 
     # --- micro-batching ---
     token_budget: int | None = None
