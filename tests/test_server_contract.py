@@ -674,7 +674,7 @@ def test_sizes_are_checked_before_tokenizing_and_tokenizing_is_off_the_loop(
 def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer):
     """The serving loop returns 1 (`serve` exits with it) once the engine thread died; the
     in-process test above (`engine.error` set by hand) checks the answers meanwhile."""
-    from grpo_lab.serving.server import _serve_forever
+    from grpo_lab.serving.serve_loop import _serve_forever
 
     model, tokenizer = tiny_model_and_tokenizer
     server = RolloutServer(ServeConfig(port=0), model=model, tokenizer=tokenizer)

@@ -1,7 +1,8 @@
 """`grpo-lab`: the command line. Flags are generated from the config dataclass and its docstrings.
 
     grpo-lab demo                    the main job: GRPO on the tiny model, summary, plots, metrics
-    grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag
+    grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag; on several
+                                     processes: accelerate launch ... -m grpo_lab.cli train ...
     grpo-lab train-async --server-url URL --output-dir DIR [--resume]
                                      the trainer job: async LoRA GRPO against servers, a bucket
     grpo-lab train-trl-async --server-url URL --output-dir DIR
@@ -153,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "train":
             from ..train.trainer import GRPOTrainer
 
-            trainer = GRPOTrainer(config_from_args(args))
+            trainer = GRPOTrainer(config_from_args(args))  # any number of processes
             trainer.train()
-            print("greedy accuracy by step:", trainer.accuracy_history)
+            if trainer.processes.is_main:
+                print("greedy accuracy by step:", trainer.accuracy_history)
         elif args.command == "train-async":
             from .train_async import train_async_main
 
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             return launch_main(args)
         elif args.command == "serve":
             from ..serving.config import ServeConfig
-            from ..serving.server import serve
+            from ..serving.serve_loop import serve
 
             serve(config_from_args(args, ServeConfig))
         elif args.command == "proxy":

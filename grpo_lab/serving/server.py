@@ -3,41 +3,18 @@
     grpo-lab serve tiny --enable-lora --max-lora-rank 8 --max-loras 4 \\
         --logprobs-mode processed_logprobs --port 8000
 
-Endpoints, status codes and error bodies follow docs/serving-api.md (vLLM 0.22-0.31):
-
-    GET  /health                     200 while the engine lives, 503 once it died
-    GET  /v1/models                  base card first, then one card per loaded adapter
-    GET  /metrics                    Prometheus text: vLLM's token and prefix-cache counters
-    GET  /server_info                {"vllm_config": ...}          (VLLM_SERVER_DEV_MODE=1)
-    GET  /get_world_size             {"world_size": 1}             (VLLM_SERVER_DEV_MODE=1)
-    POST /reset_prefix_cache         200, empty; flushes the cache (VLLM_SERVER_DEV_MODE=1)
-    POST /pause?mode=abort|wait|keep {"status": "paused"}          (VLLM_SERVER_DEV_MODE=1)
-    POST /resume                     {"status": "resumed"}         (VLLM_SERVER_DEV_MODE=1)
-    POST /v1/load_lora_adapter       plain-text success   (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
-    POST /v1/unload_lora_adapter     plain-text success   (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
-    POST /v1/completions             vLLM's non-streaming completion response
-
-A route whose gate is off does not exist: 404 {"detail": "Not Found"}, as FastAPI answers.
-Parts (grpo_lab.serving.*): engine (continuous batching), lora_registry (adapters),
-prefix_cache (on by default, as in vLLM), server_info (/server_info, /metrics), config
-(`ServeConfig`, the flags), process (`start_server_process`).
-The model runs on `--device` (auto: a CUDA GPU when present, else the CPU) in `--dtype` (auto:
-bfloat16 on a GPU, float32 on the CPU); /server_info reports both as vLLM does.
-With --api-key every route but /health needs `Authorization: Bearer KEY` (vLLM guards only
-/v1/*; guarding /pause and /server_info too costs a client that sends the key nothing); a
-missing, wrong or undecodable header is a 401.
-
-Hostile input costs little: sizes are checked before any work (a text prompt too long to fit
-is refused before it is tokenized), prompts are tokenized in a worker thread, never on the
-event loop, and numbers must be finite float32 values. If the engine thread dies the process
-exits with status 1 (a supervisor restarts it), instead of answering 503 forever.
+Routes, status codes, error bodies and gates (VLLM_SERVER_DEV_MODE,
+VLLM_ALLOW_RUNTIME_LORA_UPDATING) follow docs/serving-api.md, which also lists where it differs
+from vLLM (tests/test_server_contract.py checks both engines). Parts (grpo_lab.serving.*):
+engine (continuous batching), lora_registry (adapters), prefix_cache, server_info (/server_info,
+/metrics), protocol (parsing and checks: sizes before work, finite float32 numbers), config
+(`ServeConfig`, the flags), serve_loop (the process: it exits if the engine dies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 import traceback
 
@@ -47,7 +24,6 @@ from .config import ServeConfig
 from .engine import Engine
 from .lora_registry import LoRARegistry, read_adapter
 from .prefix_cache import PrefixCache
-from .process import READY_MARKER, serve_until_signalled
 from .protocol import (
     RequestError,
     bearer_ok,
@@ -341,47 +317,3 @@ class RolloutServer:
         return _json(completion_response(req.model or self.base_name, choices,
                                          sum(map(len, prompt_ids)),
                                          sum(len(s.output_ids) for s in sequences)))
-
-
-async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | None:
-    """Returns once the engine thread is dead: the exception that killed it, if any."""
-    while engine.alive:
-        await asyncio.sleep(poll_s)
-    return engine.error
-
-
-async def _serve_forever(server: RolloutServer) -> int:
-    """Serve until SIGTERM or Ctrl-C (returns 0) or until the engine dies (returns 1: a process
-    that can generate nothing must end, so that its supervisor sees it and restarts it)."""
-    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, server.config.host, server.config.port)
-    await site.start()
-    port = runner.addresses[0][1]
-    print(f"{READY_MARKER} http://{server.config.host}:{port} model={server.base_name} "
-          f"lora={server.config.enable_lora} dev_mode={server.dev_mode} "
-          f"runtime_lora_updating={server.runtime_lora}", flush=True)
-    serving = asyncio.ensure_future(serve_until_signalled(runner))
-    death = asyncio.ensure_future(engine_death(server.engine))
-    await asyncio.wait([serving, death], return_when=asyncio.FIRST_COMPLETED)
-    if serving.done():
-        death.cancel()
-        serving.result()
-        return 0
-    print(f"grpo-lab serve: the engine died ({death.result()!r}); exiting", file=sys.stderr,
-          flush=True)
-    serving.cancel()  # serve_until_signalled closes the runner on its way out
-    await asyncio.gather(serving, return_exceptions=True)
-    return 1
-
-
-def serve(config: ServeConfig) -> None:
-    """Load the model and serve until SIGTERM or Ctrl-C; exit with status 1 if the engine dies."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
-    server = RolloutServer(config)
-    print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
-          f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
-          file=sys.stderr, flush=True)
-    code = asyncio.run(_serve_forever(server))
-    if code:
-        sys.exit(code)
