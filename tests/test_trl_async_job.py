@@ -321,3 +321,49 @@ def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_
     assert (out / "adapter" / "adapter_config.json").exists()
     # the job imported the real vllm package wherever it is installed
     assert summary["vllm"] and ("trl_stand_ins" in summary["vllm"]) != REAL_VLLM
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_VLLM, reason="real vLLM is not installed (`make vllm`)")
+def test_trl_async_trainer_with_real_vllm_replicas(chat_model_dir, tmp_path):
+    """TRL's AsyncGRPOTrainer as the blog runs it, on this CPU: real vLLM replicas (its CPU
+    build) behind `grpo-lab proxy`, the real `vllm` package in the trainer. TRL's adapter-only
+    path accepts vLLM's /server_info, every version is loaded into both engines from the bucket,
+    and each step holds the promised samples."""
+    from grpo_lab.proxy.process import start_proxy_process
+    from grpo_lab.serving.vllm_process import start_vllm_process
+
+    out, bucket = tmp_path / "run", tmp_path / "bucket"
+    serve = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 3, "max_cpu_loras": 3,
+             "logprobs_mode": "processed_logprobs"}
+    with start_vllm_process(str(chat_model_dir), **serve) as a, \
+            start_vllm_process(str(chat_model_dir), **serve) as b, \
+            start_proxy_process([a.url, b.url]) as proxy:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
+               "HF_HUB_OFFLINE": "1"}
+        run = subprocess.run(
+            [sys.executable, "-m", "grpo_lab.cli", "train-trl-async", "--server-url", proxy.url,
+             "--output-dir", str(out), "--bucket", str(bucket), "--model", str(chat_model_dir),
+             "--dataset", str(chat_model_dir / "data"), "--reward", "math_answer",
+             "--system-prompt", SYSTEM_PROMPT, "--prompts-per-step", "2",
+             "--num-generations", "4", "--max-new-tokens", "24", "--lora-rank", "2",
+             "--learning-rate", "1e-3", "--max-staleness", "1", "--steps", "3"],
+            env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        held = [{m["id"]: m["root"] for m in _get(r.url + "/v1/models")["data"] if m["parent"]}
+                for r in (a, b)]
+        stats = _get(proxy.url + "/proxy/stats")
+        logs = [r.log_text() for r in (a, b)]
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["batch/samples_per_step"] == 8 for r in records)
+    assert "trl_stand_ins" not in summary["vllm"] and summary["version"] == 4
+    for adapters in held:  # vLLM holds the newest versions, read from the bucket
+        assert set(adapters) == {f"{LORA_NAME}-v3", f"{LORA_NAME}-v4"}
+        assert all(Path(root).parent == bucket.resolve() for root in adapters.values())
+    for log in logs:  # vLLM's own log: every version loaded (pause, load, resume each sync)
+        assert all(f"Loaded new LoRA adapter: name '{LORA_NAME}-v{v}'" in log for v in (1, 2, 3, 4))
+    assert all(n > 0 for n in stats["routed"]) and sum(stats["errors"].values()) == 0
+    assert stats["broadcasts"]["pause"] == stats["broadcasts"]["resume"] == 4
