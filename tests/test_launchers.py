@@ -48,6 +48,7 @@ from grpo_lab.jobs.specs import (
     BucketMount,
     JobSpec,
     RunPlan,
+    flavor_gpus,
     free_port,
     package_wheel_name,
 )
@@ -743,7 +744,7 @@ def test_preset_blog_matches_the_table_in_docs_recipe():
     flags = {(row["job"], row["flag"]) for row in rows}
     assert {("launch", "--" + f.replace("_", "-")) for f in PRESETS["blog"]} <= flags
     assert {("trainer", "--" + f.replace("_", "-")) for f in BLOG_TRAINING} <= flags
-    assert [job.flavor for job in plan.jobs] == ["h200", "h200", "h200"]
+    assert [job.flavor for job in plan.jobs] == ["h200", "h200", "h200x2"]
 
 
 def test_preset_blog_dry_run_prints_bash_that_calls_python3(capsys):
@@ -757,6 +758,12 @@ def test_preset_blog_dry_run_prints_bash_that_calls_python3(capsys):
     assert checked.returncode == 0, checked.stderr
     assert out.count("hf jobs run --detach") == 3 and "vllm serve Qwen/Qwen2.5-Math-1.5B" in out
     assert "--learning-rate 4e-05" in out and "--device cuda" in out
+    # The h200x2 trainer: one process per GPU under `accelerate launch`, FSDP2 (issue 27).
+    trainer_line = next(line for line in out.splitlines()
+                        if line.startswith("exec ") and "train-async" in line)
+    assert trainer_line.startswith("exec accelerate launch --use_fsdp --fsdp_version 2 ")
+    assert "--num_processes 2 -m grpo_lab.cli train-async --model Qwen/Qwen2.5-Math-1.5B" \
+        in trainer_line
     plan = recipe_plan(preset_config("blog", bucket="hf://buckets/x/y", run_name="blog"))
     for job in plan.jobs:
         text = job.command[2] if job.command[:2] == ["bash", "-c"] else shlex.join(job.command)
@@ -818,3 +825,21 @@ def test_bucket_mounts_become_hub_volumes_that_match_the_cli_spec():
     assert replica.to_uri() == mount.cli_spec() == "hf://buckets/me/grpo-lora/run1:/lora:ro"
     with pytest.raises(ValueError, match="Storage Buckets"):
         hf_volume(BucketMount("/tmp/bucket", "/lora"))
+
+
+@pytest.mark.parametrize("trainer", ["grpo-lab", "trl"])
+def test_a_trainer_flavor_with_several_gpus_runs_under_accelerate_launch_with_fsdp2(trainer):
+    """One process per GPU of the flavor's name, FSDP2, for either trainer; one GPU: as before."""
+    command = {"grpo-lab": "train-async", "trl": "train-trl-async"}[trainer]
+    for flavor, gpus in (("h200x2", 2), ("l4x4", 4)):
+        plan = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer=trainer,
+                           trainer_flavor=flavor)
+        last = plan["trainer"].command[2].splitlines()[-1]
+        assert last.startswith("exec accelerate launch --use_fsdp --fsdp_version 2 "), last
+        assert f"--num_processes {gpus} -m grpo_lab.cli {command} --model" in last
+        assert "--device cuda" in last
+    plan = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer=trainer,
+                       trainer_flavor="a100-large")
+    assert plan["trainer"].command[2].splitlines()[-1].startswith(f"exec grpo-lab {command} ")
+    assert [flavor_gpus(f) for f in ("h200x2", "a100-large", "h200", "cpu-upgrade")] == [2, 1, 1, 0]
+

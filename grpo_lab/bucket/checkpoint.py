@@ -12,6 +12,11 @@ Writing is atomic, as for adapters (grpo_lab.bucket.adapters): stage in a hidden
 (`.step-000012.tmp-x1y2`), then `os.rename` it to its final name. A trainer killed mid-write
 (SIGKILL, preemption) leaves only a hidden temp dir, which the next `Checkpoints(...)` deletes;
 `latest()` never sees it. The `keep` newest checkpoints are kept.
+
+Several trainer processes (`accelerate launch`, grpo_lab.train.distributed): every process calls
+`save` (under FSDP2 the weights and the optimizer's state are gathered from the shards), the main
+process alone writes. A checkpoint always holds the full weights and optimizer state, so one
+written by N processes loads under M: every process `load`s the same files.
 """
 
 from __future__ import annotations
@@ -56,13 +61,14 @@ class Checkpoints:
 
     def save(self, trainer, state: dict) -> Path:
         """Write the trainer's weights, optimizer and `state` (JSON-ready) as one checkpoint."""
+        model, optimizer_state = full_state(trainer)  # every process: FSDP2 gathers
         step = trainer.step_count
         final = self.path(step)
         if final.exists():
             return final
         with atomic_folder(final) as staging:  # readers see nothing or everything
-            trainer.model.save_pretrained(staging / "adapter")
-            torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+            model.save_pretrained(staging / "adapter")
+            torch.save(optimizer_state, staging / "optimizer.pt")
             torch.save(torch.get_rng_state(), staging / "rng.pt")
             full = {"step": step, "version": trainer.version,
                     "sampler_rng": _encode_random_state(trainer.rng.getstate()), **state}
@@ -83,19 +89,36 @@ class Checkpoints:
         path = Path(path)
         state = Checkpoints.read_state(path)
         weights = path / "adapter" / "adapter_model.safetensors"
-        if weights.exists():  # LoRA: PEFT's file names lack the adapter name ("default")
+        processes = getattr(trainer, "processes", None)
+        optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+        if processes is not None and processes.is_fsdp:  # sharded weights: torch's loader
+            processes.load_full_state(trainer.train_model, trainer.optimizer, load_file(
+                weights if weights.exists() else path / "adapter" / "model.safetensors"),
+                optimizer_state)
+        elif weights.exists():  # LoRA: PEFT's file names lack the adapter name ("default")
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(trainer.model, load_file(weights))
         else:
             loaded = load_file(path / "adapter" / "model.safetensors")
             trainer.model.load_state_dict(loaded, strict=False)
-        trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if processes is None or not processes.is_fsdp:
+            trainer.optimizer.load_state_dict(optimizer_state)
         torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True))
         trainer.rng.setstate(_decode_random_state(state["sampler_rng"]))
         trainer.step_count = state["step"]
         trainer.version = state["version"]
         return state
+
+
+def full_state(trainer) -> tuple:
+    """(something that `save_pretrained`s the full weights, the optimizer's full state dict):
+    gathered from every process under FSDP2 (all must call this; None on all but the main)."""
+    processes = getattr(trainer, "processes", None)
+    if processes is None:
+        return trainer.model, trainer.optimizer.state_dict()
+    return (processes.full_model(trainer.train_model, trainer.model),
+            processes.optimizer_state(trainer.train_model, trainer.optimizer))
 
 
 def _encode_random_state(state) -> list:

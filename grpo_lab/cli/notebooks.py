@@ -101,6 +101,19 @@ NOTEBOOK_GOALS = {
         "a reused adapter name is refused and serves the old weights":
             lambda r: r["reused_name_refused"] and r["reused_name_deviation"] > 0.01,
         "a versioned name serves this version": lambda r: r["versioned_name_deviation"] < 1e-3,
+        # Section 4, real vLLM beside the stand-in (met on the stand-in alone where vLLM is missing)
+        "real vLLM: the stand-in's API, adapter answers and (fp32) seeded tokens":
+            lambda r: r["vllm_missing"] is not None or (
+                r["engines_api_match"]
+                and r["sampler_mismatch"]["vLLM float32"]["same_tokens"] == 1),
+        "real vLLM fp32: max |logp diff| < 1e-3, sequence weights 1 within 1e-3":
+            lambda r: r["vllm_missing"] is not None or (
+                r["sampler_mismatch"]["vLLM float32"]["max_diff"] < 1e-3
+                and r["sampler_mismatch"]["vLLM float32"]["weight_deviation"] < 1e-3),
+        "real vLLM bf16: max |logp diff| > 1e-2, sequence weights off 1 by > 1e-2":
+            lambda r: r["vllm_missing"] is not None or (
+                r["sampler_mismatch"]["vLLM bfloat16"]["max_diff"] > 1e-2
+                and r["sampler_mismatch"]["vLLM bfloat16"]["weight_deviation"] > 1e-2),
     },
     "06_proxy_and_kv_routing": {
         "shared_blocks == 1": lambda r: r["shared_blocks"] == 1,
@@ -131,12 +144,20 @@ NOTEBOOK_GOALS = {
             and r["version"] >= r["steps"],
         "preempted trainer resumed from a checkpoint":
             lambda r: r["killed_at"] is None or (r["resumed_from"] or "").startswith("step-"),
-        "every replica routed": lambda r: min(r["routed"]) > 0,
-        "served versions == max_staleness + 1":
-            lambda r: len(r["served"]) == r["max_staleness"] + 1,
+        "every replica routed, and its own /metrics counted prompt tokens":
+            lambda r: min(r["routed"]) > 0 and min(r["prompt_tokens"]) > 0,
+        "served versions == max_staleness + 1, the same on every replica":
+            lambda r: len(r["served"]) == r["max_staleness"] + 1 and r["replicas_hold_served"],
         "bucket versions == max_staleness + 2":
             lambda r: len(r["bucket_versions"]) == r["max_staleness"] + 2,
-        "affinity share >= 0.5 (the blog's request shape)": lambda r: r["affinity_share"] >= 0.5,
+        # engine-aware: grpo-lab serve's 4-token blocks hold a 7-token prompt, vLLM's 16 do not
+        "grpo-lab: affinity share >= 0.5 (the blog's request shape) and prefix-cache hits; "
+        "vllm: every request unmatched, no hit":
+            lambda r: (r["affinity_share"] >= 0.5 and r["cache_hits"] > 0)
+            if r["engine"] == "grpo-lab" else (r["affinity_share"] == 0 and r["cache_hits"] == 0
+                                               and r["unmatched"] == sum(r["routed"])),
+        "vllm: every version loaded on every replica (their logs)":
+            lambda r: r["engine"] == "grpo-lab" or r["loaded_everywhere"] is True,
     },
     "08_reading_the_pipeline": {
         "bottlenecks as expected": lambda r: r["bottlenecks"] == r["expected"] == [

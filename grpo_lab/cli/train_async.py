@@ -26,6 +26,13 @@ checkpoint's weights as the next unused version and go on. Versions keep countin
 and no name is ever reused (servers key their prefix caches by adapter name). Without a
 checkpoint, `--resume` starts again from step 0 (after any versions already published), so a
 job can always be restarted with the same command.
+
+**Several trainer processes** (`accelerate launch ... -m grpo_lab.cli train-async ...`, DDP or
+FSDP2): the main process does everything above and is the only one to talk to the servers, the
+bucket and the run folder; it sends the others the checkpoint to resume from and the version to
+start at, and each step's samples (grpo_lab.rollout.async_trainer). The others train their
+share and write nothing (`_follow_main_process`). Checkpoints hold full weights, so a run
+checkpointed by N processes resumes under M.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
-from ..bucket.checkpoint import Checkpoints
+from ..bucket.checkpoint import Checkpoints, full_state
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
+from ..train.distributed import is_main_process
 from ..train.metrics import read_metrics
 from .flags import add_config_flags, config_from_args
 
@@ -164,6 +172,8 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         raise ValueError("train-async needs --output-dir")
     if not config.use_lora:
         raise ValueError("train-async syncs adapters through the bucket: it needs use_lora")
+    if not is_main_process():
+        return _follow_main_process(config, job)
     resume, prefix = job.resume, job.adapter_prefix
     published = Path(config.output_dir)  # the run folder others read (on a bucket mount)
     published.mkdir(parents=True, exist_ok=True)
@@ -213,12 +223,13 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         # Adapters of this name the servers still hold come from a killed attempt (or an
         # earlier run into another bucket): never sample from them.
         unloaded = _reset_live_versions(generator, bucket)
-        if latest is not None:
-            Checkpoints.load(latest, trainer)  # weights, optimizer, step, version, RNGs
         # Start at the next unused version: the bucket may hold versions newer than the
         # checkpoint (or, killed before the first checkpoint, versions of an attempt that
         # restarts at 0). The trainer publishes it first and counts on from there.
-        start_version = max([trainer.version if latest else -1, *bucket.versions()]) + 1
+        start_version = max([state["version"] if latest else -1, *bucket.versions()]) + 1
+        trainer.processes.broadcast((str(latest) if latest else None, start_version))
+        if latest is not None:
+            Checkpoints.load(latest, trainer)  # weights, optimizer, step, version, RNGs
         if resume:
             print(f"resuming from {latest.name if latest else 'step 0 (no checkpoint)'}: step "
                   f"{trainer.step_count}, version {trainer.version} -> {start_version}; "
@@ -281,6 +292,27 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         generator.close()
 
 
+def _follow_main_process(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
+    """A process other than the main one under `accelerate launch`: the same trainer, in step
+    with the main process's collective calls, training its share of each step; it writes
+    nothing and never talks to the servers. Returns an empty summary."""
+    trainer = AsyncGRPOTrainer(config)  # no generator: the main process has it
+    latest, start_version = trainer.processes.broadcast(None)
+    if latest is not None:
+        Checkpoints.load(latest, trainer)
+    trainer.version = start_version
+    trainer.publish_current()  # the main process publishes; FSDP2 gathers from every process
+
+    def on_step(record: dict) -> None:
+        if job.checkpoint_every and record["step"] % job.checkpoint_every == 0:
+            full_state(trainer)  # the main process's checkpoint gathers from every process
+
+    remaining = config.steps - trainer.step_count
+    if remaining > 0:
+        trainer.train(steps=remaining, callback=on_step)
+    return {}
+
+
 def add_train_async_parser(sub) -> None:
     parser = sub.add_parser("train-async", help="the trainer job: asynchronous LoRA GRPO against "
                             "inference servers (a proxy or one server), adapters through a bucket")
@@ -291,5 +323,6 @@ def add_train_async_parser(sub) -> None:
 def train_async_main(args) -> int:
     summary = run_train_async(config_from_args(args, AsyncGRPOConfig),
                               config_from_args(args, TrainAsyncJobConfig))
-    print(json.dumps(summary, indent=2), flush=True)
+    if is_main_process():
+        print(json.dumps(summary, indent=2), flush=True)
     return 0

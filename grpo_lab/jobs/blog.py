@@ -35,9 +35,10 @@ train-async's CPU-sized defaults (the tiny model on its synthetic task)."""
 PRESETS: dict[str, dict] = {
     "blog": dict(backend="hf-jobs", base_model=HF_BLOG_MODEL, replicas=2, lora_rank=1,
                  max_staleness=4, max_prompt_length=1096, max_completion_length=3000,
-                 gpu_memory_utilization=0.85, replica_flavor="h200", trainer_flavor="h200",
+                 gpu_memory_utilization=0.85, replica_flavor="h200", trainer_flavor="h200x2",
                  timeout="4h"),
 }
 """Named runs for `grpo-lab launch --preset NAME`, as RecipeConfig fields. `blog`: the blog's run
 (docs/recipe.md, "The blog's run as `--preset blog`"); on its GPU flavors the trainer gets
-BLOG_TRAINING. Its trainer is one H200 (the reference trains on h200x2 with FSDP2)."""
+BLOG_TRAINING. Its trainer is two H200s, as the reference's: `accelerate launch` with FSDP2, one
+process per GPU (grpo_lab.jobs.trainer_args.trainer_launcher)."""

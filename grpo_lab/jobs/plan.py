@@ -53,6 +53,7 @@ from .trainer_args import (  # noqa: F401 (DEFAULT_TRAINER_ARGS, LOCAL_RUN_DIR: 
     DEFAULT_TRAINER_ARGS,
     LOCAL_RUN_DIR,
     default_trainer_args,
+    trainer_launcher,
 )
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.27.1"
@@ -385,7 +386,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
                                  and trainer_image == VLLM_IMAGE else ()),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
-        "exec " + shlex.join(["grpo-lab", *trainer]),
+        # One process per GPU: `accelerate launch` with FSDP2 on h200x2 and the like.
+        "exec " + shlex.join([*trainer_launcher(trainer_flavor), *trainer]),
         "",
     ])
     jobs.append(JobSpec(

@@ -50,6 +50,15 @@ def is_gpu_flavor(flavor: str) -> bool:
     return not (flavor == "local" or flavor.startswith("cpu"))
 
 
+def flavor_gpus(flavor: str) -> int:
+    """GPUs of an HF Jobs flavor, from its name: `h200x2` -> 2, `l4x4` -> 4, `a100-large` -> 1;
+    a cpu-* flavor -> 0."""
+    if not is_gpu_flavor(flavor):
+        return 0
+    found = re.search(r"x(\d+)$", flavor)
+    return int(found.group(1)) if found else 1
+
+
 @dataclass
 class BucketMount:
     """The bucket as one job sees it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.argv import flag_args
 from .blog import BLOG_TRAINING
+from .specs import flavor_gpus
 
 DEFAULT_TRAINER_ARGS = (
     "train-async", "--model", "{model}", "--server-url", "{proxy_url}",
@@ -51,3 +52,26 @@ def default_trainer_args(backend: str, gpu: bool = False,
         return DEFAULT_TRAINER_ARGS
     return (*DEFAULT_TRAINER_ARGS, "--local-dir", LOCAL_RUN_DIR,
             *(flag_args(BLOG_TRAINING) if gpu else ()))
+
+
+FSDP2_LAUNCH_FLAGS = (
+    "--use_fsdp", "--fsdp_version", "2",
+    "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",  # one shard group per decoder layer
+    "--fsdp_reshard_after_forward", "true",  # free the gathered layer after its forward
+    "--fsdp_state_dict_type", "FULL_STATE_DICT",  # adapters and checkpoints: full weights
+    "--mixed_precision", "no",  # the trainer loads bf16 weights itself (grpo_lab.core.devices)
+    "--dynamo_backend", "no",
+)
+"""`accelerate launch` flags of the trainer on several GPUs: FSDP2 shards every weight, gradient
+and AdamW moment over the processes (grpo_lab.train.distributed). Flags rather than a config
+file: the job script shows them, and `--dry-run` prints them."""
+
+
+def trainer_launcher(flavor: str) -> list[str]:
+    """The command that starts the trainer's `grpo-lab` arguments on `flavor`: `grpo-lab` on one
+    GPU or a CPU; `accelerate launch` with FSDP2, one process per GPU, on several (`h200x2`)."""
+    gpus = flavor_gpus(flavor)
+    if gpus < 2:
+        return ["grpo-lab"]
+    return ["accelerate", "launch", *FSDP2_LAUNCH_FLAGS, "--num_machines", "1",
+            "--num_processes", str(gpus), "-m", "grpo_lab.cli"]

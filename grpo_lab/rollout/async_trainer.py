@@ -33,6 +33,16 @@ Two bounds keep staleness in check:
 micro-batching and metrics in the trainer's thread, one stage after the other: the synchronous
 baseline for side-by-side runs.
 
+**Several trainer processes** (`accelerate launch`, DDP or FSDP2; grpo_lab.train.distributed):
+only the main process talks to the generator. It runs the worker thread and the buffer as
+above, takes each step's `prompts_per_step` groups, and scatters them, whole groups, one
+contiguous share per process (a broadcast of the step's groups: a few MB at the blog's size,
+small beside a step). Every process trains on its share; the loss is scaled so that the averaged
+gradient is one process's over the whole step. Weight syncs are collective under FSDP2 (the
+adapter is gathered from the shards), but only the main process publishes it. The simplest
+correct design: one client of the servers, one buffer, one staleness clock, and the other
+processes are pure data-parallel workers that never see the servers.
+
 Logged metrics: TRL's names, each explained once in grpo_lab.train.glossary.METRICS.
 """
 
@@ -84,8 +94,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def __init__(self, config: AsyncGRPOConfig, model=None, tokenizer=None,
                  generator: Generator | None = None):
         super().__init__(config, model, tokenizer)
-        self.generator = generator or LocalGenerator(self.model, self.tokenizer,
-                                                     max_versions=config.max_staleness + 2)
+        if generator is None and self.processes.is_fsdp and self.processes.is_main:
+            raise ValueError("the in-process generator samples from a full copy of the weights; "
+                             "under FSDP2 use `grpo-lab train-async` against servers")
+        self.generator = None  # several processes: only the main one talks to the generator
+        if self.processes.is_main:
+            self.generator = generator or LocalGenerator(self.model, self.tokenizer,
+                                                         max_versions=config.max_staleness + 2)
         # A fast tokenizer must not be used by two threads at once ("Already borrowed"), and
         # evaluation uses the trainer's: the worker gets its own copy.
         self.worker_tokenizer = copy.deepcopy(self.tokenizer)
@@ -164,8 +179,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def publish_current(self) -> None:
         """Publish the weights as `version` unless the generator already has it (the run's
         first step; after a resume, the version it continues at)."""
-        if self.generator.latest_version < self.version:
-            self.generator.publish(self.model, self.version)
+        due = self.generator is not None and self.generator.latest_version < self.version
+        if self.processes.broadcast(due):
+            model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
+            if self.generator is not None:
+                self.generator.publish(model, self.version)
             self._version_offset = self.version - self.step_count // self.config.weight_sync_steps
 
     def start_steps(self) -> None:
@@ -176,7 +194,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if self._worker is not None and self._worker.is_alive():
             return
         self.publish_current()
-        if not cfg.asynchronous:
+        if not cfg.asynchronous or not self.processes.is_main:
             return
         self.buffer = RolloutBuffer(cfg.effective_buffer_size, cfg.max_staleness)
         self._last["backpressure_s"] = 0.0
@@ -207,10 +225,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ stage 4 (the trainer)
 
     def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions, dict]:
-        out = Completions.concat([g.completions for g in groups])
-        rewards = torch.cat([g.rewards for g in groups])
-        advantages = torch.cat([g.advantages for g in groups])
-        parts = {name: torch.cat([g.parts[name] for g in groups]) for name in groups[0].parts}
+        out, rewards, advantages, parts = concat_groups(groups)
         batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
         return batch.to(self.device), out, parts
 
@@ -230,30 +245,49 @@ class AsyncGRPOTrainer(GRPOTrainer):
         ref_logps = None
         if cfg.beta > 0:
             with self.reference() as ref:
-                ref_logps = [mb.logprobs(ref, cfg.temperature) for mb in micro_batches]
+                ref_logps = self._no_grad_logprobs(ref, micro_batches, pick_threads=False)
         correction = self.correct_for_sampler(batch, micro_batches)
+        if self.processes.distributed:  # the step's, over every process's share
+            correction = self.processes.combine_metrics(correction,
+                                                        float(batch.completion_mask.sum()))
         metrics: dict[str, float] = {}
         for _ in range(cfg.num_iterations):
             loss, metrics = accumulate_grpo_loss(
-                self.model, micro_batches, temperature=cfg.temperature, loss_type=cfg.loss_type,
-                epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
-                before_each=self._pick_threads)
+                self.train_model, micro_batches, temperature=cfg.temperature,
+                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
+                epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
+                max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
+                processes=self.processes)
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
         metrics.update(correction)
-        metrics["perf/micro_batches"] = len(micro_batches)
-        metrics["perf/fwd_tokens"] = sum(mb.input_tokens for mb in micro_batches)
+        counts = self.processes.sum([len(micro_batches),
+                                     sum(mb.input_tokens for mb in micro_batches)])
+        metrics["perf/micro_batches"] = int(counts[0])  # every process's
+        metrics["perf/fwd_tokens"] = int(counts[1])
         return metrics
+
+    def _no_grad_logprobs(self, model, micro_batches: list,
+                          pick_threads: bool = True) -> list[torch.Tensor]:
+        """Each micro-batch's logprobs under `model`; under FSDP2 every process makes as many
+        forward passes (each gathers the weights), repeating its first micro-batch if short."""
+        passes = self.processes.passes(len(micro_batches)) if self.processes.is_fsdp else 0
+        logps = []
+        for mb in micro_batches:
+            if pick_threads:
+                self._pick_threads(mb)
+            logps.append(mb.logprobs(model, self.config.temperature))
+        for _ in range(passes - len(micro_batches)):
+            micro_batches[0].logprobs(model, self.config.temperature)
+        return logps
 
     @torch.no_grad()
     def trainer_logprobs(self, batch: RolloutBatch, micro_batches: list) -> torch.Tensor:
         """The trainer's logprobs of the batch's completions with its current weights, (B, T),
         one no-grad pass over the micro-batches (TRL's old_per_token_logps)."""
         logps = torch.zeros_like(batch.old_logps)
-        for mb in micro_batches:
-            self._pick_threads(mb)
-            logps[mb.indices, : mb.completion_ids.shape[1]] = mb.logprobs(self.model,
-                                                                          self.config.temperature)
+        for mb, mb_logps in zip(micro_batches, self._no_grad_logprobs(self.model, micro_batches),
+                                strict=True):
+            logps[mb.indices, : mb.completion_ids.shape[1]] = mb_logps
         return logps
 
     def correct_for_sampler(self, batch: RolloutBatch, micro_batches: list) -> dict[str, float]:
@@ -290,7 +324,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def publish(self) -> float:
         """Publish the trainer's weights as version v+1; returns the seconds it took."""
         start = time.perf_counter()
-        self.generator.publish(self.model, self.version + 1)
+        model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
+        if self.generator is not None:  # the main process
+            self.generator.publish(model, self.version + 1)
         with self._published:
             self.version += 1
             if self._admission_needs is not None and self.version >= self._admission_needs:
@@ -302,49 +338,32 @@ class AsyncGRPOTrainer(GRPOTrainer):
         """One optimizer step on a batch from the buffer (or generated inline in sync mode)."""
         cfg = self.config
         start = time.perf_counter()
-        if cfg.asynchronous:
-            if self._worker is None:
-                self.start_steps()  # step() called directly, outside train()
-            queue_size = len(self.buffer)
-            wait_before = self.buffer.stats()["perf/rollout_wait_total_s"]
-            entries = self.buffer.get(cfg.prompts_per_step, trainer_version=self.version)
-            if len(entries) < cfg.prompts_per_step:
-                raise RuntimeError("the rollout worker stopped") from self._worker_error
-            groups = [e.item for e in entries]
-            stats = self.buffer.stats()
-            staleness = [e.staleness for e in entries]
-            pipeline = {
-                "perf/rollout_wait_s": stats["perf/rollout_wait_total_s"] - wait_before,
-                "rollout/backpressure_s": (stats["rollout/backpressure_total_s"]
-                                           - self._last["backpressure_s"]),
-                "sample/rollout_queue_size": queue_size,
-                "sample/rollout_queue_maxsize": self.buffer.maxsize,
-                "sample/dropped_stale": stats["sample/dropped_stale"],
-            }
-            self._last["backpressure_s"] = stats["rollout/backpressure_total_s"]
-        else:
-            self.publish_current()  # step() called directly, outside train()
-            torch.set_num_threads(cfg.generator_threads)
-            groups = self.produce(self.version)
-            torch.set_num_threads(cfg.trainer_threads)
-            staleness = [0]
-            pipeline = {"perf/rollout_wait_s": time.perf_counter() - start,
-                        "perf/generate_s": time.perf_counter() - start,
-                        "rollout/backpressure_s": 0.0, "sample/rollout_queue_size": 0,
-                        "sample/rollout_queue_maxsize": 0, "sample/dropped_stale": 0}
+        groups, staleness, pipeline = None, [0], {}
+        if self.processes.is_main:
+            groups, staleness, pipeline = self.next_groups(start)
+        elif not cfg.asynchronous:
+            self.publish_current()  # the main process's next_groups does: a collective
         got = time.perf_counter()
-        batch, out, parts = self.collate(groups)
+        mine = self.processes.scatter(split(groups, self.processes.num_processes)
+                                      if self.processes.is_main else None)
+        batch, out, parts = self.collate(mine)
         metrics = self.optimize(batch)
         trained = time.perf_counter()
         self.step_count += 1
-        self.completion_log.log(self.step_count, [g.problem for g in groups], out,
-                                batch.rewards.cpu(), parts)
+        rewards = batch.rewards
+        if self.processes.distributed and self.processes.is_main:  # the step's, every share
+            out, rewards, _, parts = concat_groups(groups)
+        if self.processes.is_main:
+            self.completion_log.log(self.step_count, [g.problem for g in groups], out,
+                                    rewards.cpu(), parts)
         sync_s = 0.0
         if not cfg.asynchronous or self.step_count % cfg.weight_sync_steps == 0:
             sync_s = self.publish()
         done = time.perf_counter()
-        metrics.update(step=self.step_count, version=self.version,
-                       **rollout_metrics(batch.rewards, out, cfg.num_generations, parts))
+        metrics.update(step=self.step_count, version=self.version)
+        if not self.processes.is_main:
+            return metrics
+        metrics.update(**rollout_metrics(rewards, out, cfg.num_generations, parts))
         metrics.update(pipeline)
         metrics.update({
             "sample/staleness_mean": sum(staleness) / len(staleness),
@@ -360,6 +379,39 @@ class AsyncGRPOTrainer(GRPOTrainer):
             metrics["rollout/inflight"] = self.generator.pop_inflight_peak()
         return metrics
 
+    def next_groups(self, start: float) -> tuple[list[ScoredGroup], list[int], dict]:
+        """The step's groups (from the buffer, or generated now in sync mode), their staleness
+        and the pipeline's metrics. The main process's job when there are several."""
+        cfg = self.config
+        if cfg.asynchronous:
+            if self._worker is None:
+                self.start_steps()  # step() called directly, outside train()
+            queue_size = len(self.buffer)
+            wait_before = self.buffer.stats()["perf/rollout_wait_total_s"]
+            entries = self.buffer.get(cfg.prompts_per_step, trainer_version=self.version)
+            if len(entries) < cfg.prompts_per_step:
+                raise RuntimeError("the rollout worker stopped") from self._worker_error
+            stats = self.buffer.stats()
+            pipeline = {
+                "perf/rollout_wait_s": stats["perf/rollout_wait_total_s"] - wait_before,
+                "rollout/backpressure_s": (stats["rollout/backpressure_total_s"]
+                                           - self._last["backpressure_s"]),
+                "sample/rollout_queue_size": queue_size,
+                "sample/rollout_queue_maxsize": self.buffer.maxsize,
+                "sample/dropped_stale": stats["sample/dropped_stale"],
+            }
+            self._last["backpressure_s"] = stats["rollout/backpressure_total_s"]
+            return [e.item for e in entries], [e.staleness for e in entries], pipeline
+        self.publish_current()  # step() called directly, outside train()
+        torch.set_num_threads(cfg.generator_threads)
+        groups = self.produce(self.version)
+        torch.set_num_threads(cfg.trainer_threads)
+        pipeline = {"perf/rollout_wait_s": time.perf_counter() - start,
+                    "perf/generate_s": time.perf_counter() - start,
+                    "rollout/backpressure_s": 0.0, "sample/rollout_queue_size": 0,
+                    "sample/rollout_queue_maxsize": 0, "sample/dropped_stale": 0}
+        return groups, [0], pipeline
+
     def _delta(self, name: str) -> float:
         now = self._counters[name]  # read once: the worker thread keeps adding to it
         value, self._last[name] = now - self._last[name], now
@@ -371,3 +423,20 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if seconds > 0:
             self._last["tok_s"] = tokens / seconds
         return self._last["tok_s"]
+
+
+def concat_groups(groups: list[ScoredGroup]):
+    """(completions, rewards, advantages, reward parts) of groups, concatenated in order."""
+    out = Completions.concat([g.completions for g in groups])
+    rewards = torch.cat([g.rewards for g in groups])
+    advantages = torch.cat([g.advantages for g in groups])
+    parts = {name: torch.cat([g.parts[name] for g in groups]) for name in groups[0].parts}
+    return out, rewards, advantages, parts
+
+
+def split(items: list, parts: int) -> list[list]:
+    """`items` in `parts` contiguous shares, the first ones one longer if it does not divide."""
+    size, extra = divmod(len(items), parts)
+    bounds = [k * size + min(k, extra) for k in range(parts + 1)]
+    return [items[bounds[k]:bounds[k + 1]] for k in range(parts)]
+

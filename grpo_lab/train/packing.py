@@ -14,13 +14,17 @@ forward input (padding included), in one of two layouts:
 Every sequence of the step lands in exactly one micro-batch, and `accumulate_grpo_loss` weights
 each micro-batch's loss so that the sum equals the loss of the whole batch in one pass (GRPO:
 per-sequence means averaged over the step's sequences; DAPO: the step's token mean; Dr. GRPO:
-the step's constant). The optimizer step sees the same samples and the same gradient.
+the step's constant). The optimizer step sees the same samples and the same gradient. Under
+`accelerate launch` each process holds a share of the step's sequences: with `processes` the
+shares are of the whole step's (every process's) sequences or tokens, so the averaged gradient is
+still the whole step's (grpo_lab.train.distributed).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -229,6 +233,7 @@ def accumulate_grpo_loss(
     max_completion_length: int | None = None,
     backward: bool = True,
     before_each: Callable[[MicroBatch], None] | None = None,
+    processes=None,
 ) -> tuple[float, dict[str, float]]:
     """Forward (and backward) every micro-batch; returns the step's loss and metrics.
 
@@ -236,27 +241,46 @@ def accumulate_grpo_loss(
     Dr. GRPO) or tokens (DAPO), so the accumulated gradient is the whole batch's. The metrics are
     masked means over tokens, weighted by the micro-batch's share of the step's tokens.
     `before_each` runs before each forward pass (the async trainer uses it to pick thread counts).
+    `processes` (grpo_lab.train.distributed.Processes, several under `accelerate launch`): the
+    micro-batches are this process's share of the step; `model` is the wrapped (DDP/FSDP2) one.
     """
     num_sequences = sum(mb.num_sequences for mb in micro_batches)
     num_tokens = sum(mb.num_completion_tokens for mb in micro_batches)
     max_len = max_completion_length or max(mb.completion_ids.shape[1] for mb in micro_batches)
+    distributed = processes is not None and processes.distributed
+    passes = len(micro_batches)
+    if distributed:  # shares of the whole step: every process's sequences and tokens
+        _, (num_sequences, num_tokens) = processes.loss_scale(loss_type, num_sequences, num_tokens)
+        # As many passes on every process (one gradient sync each step, FSDP2's weight gathers):
+        # a process with fewer micro-batches repeats its first one with weight 0.
+        passes = processes.passes(len(micro_batches))
     total, metrics = 0.0, {}
-    for k, mb in enumerate(micro_batches):
+    for k in range(passes):
+        real = k < len(micro_batches)
+        mb = micro_batches[k if real else 0]
         if before_each is not None:
             before_each(mb)
-        logps = mb.logprobs(model, temperature)
-        loss, mb_metrics = grpo_loss(
-            logps, mb.old_logps, mb.advantages, mb.completion_mask, loss_type=loss_type,
-            epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
-            ref_logps=None if ref_logps is None else ref_logps[k],
-            max_completion_length=max_len,
-        )
         share = (mb.num_completion_tokens / max(num_tokens, 1) if loss_type == "dapo"
-                 else mb.num_sequences / num_sequences)
-        if backward:
-            (loss * share).backward()
+                 else mb.num_sequences / num_sequences) if real else 0.0
+        # Several processes: gradients sync once, after the last pass.
+        with processes.no_sync(model, sync=k == passes - 1) if distributed else nullcontext():
+            logps = mb.logprobs(model, temperature)
+            loss, mb_metrics = grpo_loss(
+                logps, mb.old_logps, mb.advantages, mb.completion_mask, loss_type=loss_type,
+                epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
+                ref_logps=None if ref_logps is None else ref_logps[k if real else 0],
+                max_completion_length=max_len,
+            )
+            if backward and not distributed:
+                (loss * share).backward()
+            elif backward:  # the all-reduce averages over the processes: times their number
+                processes.backward(loss * (share * processes.num_processes))
         total += loss.item() * share
-        token_share = mb.num_completion_tokens / max(num_tokens, 1)
+        token_share = mb.num_completion_tokens / max(num_tokens, 1) if real else 0.0
         for name, value in mb_metrics.items():
             metrics[name] = metrics.get(name, 0.0) + value * token_share
+    if distributed:  # each process summed its part of the step's numbers: add them up
+        names = sorted(metrics)
+        sums = processes.sum([total, *(metrics[n] for n in names)])
+        total, metrics = sums[0], dict(zip(names, sums[1:], strict=True))
     return total, metrics

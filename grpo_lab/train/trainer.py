@@ -7,7 +7,10 @@ Each step follows the algorithm's four stages (DeepSeekMath, Algorithm 1):
     Stage 3  turn rewards into group-relative advantages
     Stage 4  `num_iterations` clipped-surrogate updates on that batch
 
-Works with full fine-tuning or a LoRA adapter (peft), on the tiny offline model or any causal LM.
+Works with full fine-tuning or a LoRA adapter (peft), on the tiny offline model or any causal LM,
+in one process or several under `accelerate launch` (DDP or FSDP2, grpo_lab.train.distributed):
+each process then samples and trains on its share of the step's prompts, and the main process
+alone logs and saves.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..core.reward_set import RewardSet
 from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from ..core.tasks import Problem
 from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
+from .distributed import Processes
 from .metrics import MetricsLogger
 from .samples import CompletionLog
 
@@ -102,7 +106,11 @@ class GRPOTrainer:
         self.max_new_tokens = config.max_new_tokens or self.task.max_answer_chars + 2
         self.rng = random.Random(config.seed)  # prompt sampling
         torch.manual_seed(config.seed)  # LoRA init and sampling
-        self.device = resolve_device(config.device)
+        self.processes = Processes(config.device)  # one, or several under `accelerate launch`
+        self.device = self.processes.device or resolve_device(config.device)
+        if config.prompts_per_step < self.processes.num_processes:
+            raise ValueError(f"prompts_per_step ({config.prompts_per_step}) must be at least the "
+                             f"number of processes ({self.processes.num_processes})")
 
         if model is None:
             path = self.resolve_model_path(config)
@@ -124,9 +132,14 @@ class GRPOTrainer:
         self.ref_model = None
         if config.beta > 0 and not config.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # Under `accelerate launch`: `train_model` is the DDP/FSDP2-wrapped model the loss goes
+        # through; `model` stays the plain module (generation, evaluation, adapters). One
+        # process: both are the same model.
+        self.train_model, self.model, self.optimizer = self.processes.prepare(self.model,
+                                                                             self.optimizer)
 
         self.step_count = 0
-        out = Path(config.output_dir) if config.output_dir else None
+        out = Path(config.output_dir) if config.output_dir and self.processes.is_main else None
         if out:
             out.mkdir(parents=True, exist_ok=True)
             config.save(out / "config.json")
@@ -221,8 +234,8 @@ class GRPOTrainer:
         """Clip the gradients, set this step's learning rate, take the optimizer step; returns
         the gradient norm before clipping. The schedule is a function of `step_count`, so a
         resumed run needs no scheduler state."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        params = [p for p in self.train_model.parameters() if p.requires_grad]
+        grad_norm = self.processes.clip_grad_norm_(params, self.config.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.learning_rate_at(self.step_count)
         self.optimizer.step()
@@ -241,8 +254,11 @@ class GRPOTrainer:
         ref_logps = self.reference_logprobs(batch)
         old_logps, weights, correction = batch.old_logps, None, {}
         metrics: dict[str, float] = {}
+        # Several processes: this process's share of the step's loss (one process: 1).
+        scale, _ = self.processes.loss_scale(cfg.loss_type, batch.completion_mask.shape[0],
+                                             int(batch.completion_mask.sum()))
         for iteration in range(cfg.num_iterations):
-            logps = policy_logprobs(self.model, batch.prompt_ids, batch.prompt_mask,
+            logps = policy_logprobs(self.train_model, batch.prompt_ids, batch.prompt_mask,
                                     batch.completion_ids, batch.completion_mask, cfg.temperature)
             if cfg.vllm_importance_sampling_correction and iteration == 0:
                 # Before any update the policy is pi_old: its logprobs, fixed for every iteration.
@@ -256,8 +272,15 @@ class GRPOTrainer:
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
                 importance_weights=weights,
             )
-            loss.backward()
-            metrics.update(loss=loss.item(), grad_norm=self.apply_gradients(), **correction)
+            if not self.processes.distributed:
+                loss.backward()
+                metrics.update(loss=loss.item(), grad_norm=self.apply_gradients(), **correction)
+                continue
+            self.processes.backward(loss * scale)  # the all-reduce averages: the step's gradient
+            step_loss = self.processes.sum([loss.item() * scale / self.processes.num_processes])
+            metrics = self.processes.combine_metrics({**metrics, **correction},
+                                                     float(batch.completion_mask.sum()))
+            metrics.update(loss=step_loss[0], grad_norm=self.apply_gradients())
         return metrics
 
     def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
@@ -276,13 +299,21 @@ class GRPOTrainer:
         """One GRPO step on fresh prompts; returns its metrics."""
         start = time.perf_counter()
         problems = self.task.sample_batch(self.rng, self.config.prompts_per_step)
+        problems = self.processes.share(problems)  # every process samples all, keeps its share
         batch, out, parts = self.make_batch(problems)
         generated = time.perf_counter()
         metrics = self.optimize(batch)
         done = time.perf_counter()
         self.step_count += 1
-        self.completion_log.log(self.step_count, problems, out, batch.rewards.cpu(), parts)
-        metrics.update(step=self.step_count, **rollout_metrics(batch.rewards, out,
+        rewards = batch.rewards
+        if self.processes.distributed:  # the step's samples, from every process, for its metrics
+            problems, out, rewards, parts = gather_samples(
+                self.processes, problems, out, rewards.cpu(), parts)
+        if not self.processes.is_main:
+            metrics.update(step=self.step_count)
+            return metrics
+        self.completion_log.log(self.step_count, problems, out, rewards.cpu(), parts)
+        metrics.update(step=self.step_count, **rollout_metrics(rewards, out,
                                                                self.config.num_generations, parts))
         metrics.update({"perf/generate_s": generated - start,
                         "perf/fwd_bwd_s": done - generated,
@@ -290,10 +321,16 @@ class GRPOTrainer:
         return metrics
 
     def evaluate(self) -> float:
-        """Greedy accuracy on the task's fixed held-out set."""
-        return greedy_accuracy(self.model, self.tokenizer, self.task.eval_set(),
-                               max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn,
-                               **self.prompt_format)
+        """Greedy accuracy on the task's fixed held-out set (each process evaluates its share)."""
+        problems = self.task.eval_set()
+        mine = self.processes.share(list(problems))
+        accuracy = greedy_accuracy(self.model, self.tokenizer, mine,
+                                   max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn,
+                                   **self.prompt_format)
+        if not self.processes.distributed:
+            return accuracy
+        correct = self.processes.sum([round(accuracy * len(mine))])[0]
+        return correct / max(len(problems), 1)
 
     def train(self, steps: int | None = None, callback=None) -> list[dict]:
         """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after."""
@@ -302,7 +339,7 @@ class GRPOTrainer:
         if self.step_count == 0:
             self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
         last = self.step_count + steps
-        bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress)
+        bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress or not self.processes.is_main)
         self.start_steps()
         try:
             for _ in range(steps):
@@ -311,6 +348,10 @@ class GRPOTrainer:
                     record["eval/accuracy"] = self.evaluate()
                 self.logger.log(record)
                 bar.update(1)
+                if not self.processes.is_main:  # the main process logs and prints
+                    if callback is not None:
+                        callback(record)
+                    continue
                 shown = {"reward": f"{record['reward']:.2f}"}
                 if "eval/accuracy" in record:  # evaluation steps only: no `acc=nan` between
                     shown["acc"] = f"{record['eval/accuracy']:.2f}"
@@ -337,12 +378,27 @@ class GRPOTrainer:
         return [(r["step"], r["eval/accuracy"]) for r in self.logger.records if "eval/accuracy" in r]
 
     def save(self, path: str | Path) -> Path:
-        """The adapter (adapter_config.json + adapter_model.safetensors) or the full model."""
+        """The adapter (adapter_config.json + adapter_model.safetensors) or the full model,
+        written by the main process (every process calls this: FSDP2 gathers the weights)."""
         path = Path(path)
-        self.model.save_pretrained(path)
-        if not self.config.use_lora:
-            self.tokenizer.save_pretrained(path)
+        model = self.processes.full_model(self.train_model, self.model)
+        if self.processes.is_main:
+            model.save_pretrained(path)
+            if not self.config.use_lora:
+                self.tokenizer.save_pretrained(path)
+        self.processes.wait()
         return path
+
+
+def gather_samples(processes: Processes, problems, out: Completions, rewards: torch.Tensor,
+                   parts: dict[str, torch.Tensor]):
+    """Every process's problems, completions, rewards and reward parts, concatenated in process
+    order: the whole step, as one process would have it."""
+    shares = processes.gather((problems, out, rewards, parts))
+    return ([p for share in shares for p in share[0]],
+            Completions.concat([share[1] for share in shares]),
+            torch.cat([share[2] for share in shares]),
+            {name: torch.cat([share[3][name] for share in shares]) for name in parts})
 
 
 def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int,

@@ -1,0 +1,107 @@
+"""The trainers on two processes under `accelerate launch` (DDP over gloo, on the CPU): the same
+step as one process, a run that learns, and `train-async` against a proxy, resumed under one
+process (grpo_lab.train.distributed). accelerate's `--cpu` launcher starts one process, so the
+launches use `--multi_gpu` (torchrun); the trainer then asks accelerate for CPU processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.serving.process import start_server_process
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(processes: int, *args: str) -> list[str]:
+    """`accelerate launch` of `args` (a script, or `-m module ...`) on CPU processes."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(free_port()), *args]
+
+
+def run(command: list[str], timeout: int) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    return result
+
+
+def test_two_processes_take_the_step_of_one(tiny_model_dir, tmp_path):
+    """Same samples: each of 2 processes takes its prompts' rows (5 prompts: 3 and 2), and the
+    step's loss and gradient equal one process's over the whole step, for both aggregations
+    (GRPO in one pass; DAPO's token mean over token-budget micro-batches, whose count differs
+    between the processes)."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    run([sys.executable, str(HERE / "distributed_step.py"), str(one)], timeout=300)
+    run(accelerate_launch(2, str(HERE / "distributed_step.py"), str(two)), timeout=300)
+    single, double = json.loads(one.read_text()), json.loads(two.read_text())
+    assert (single["processes"], double["processes"]) == (1, 2)
+    for trainer in ("sync", "async"):
+        a, b = single[trainer], double[trainer]
+        assert a["rows"] == 20 and b["rows"] == 12  # the main process's 3 of 5 prompts
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["ratio"] - b["ratio"]) < 1e-5
+        assert a["grads"].keys() == b["grads"].keys() and len(a["grads"]) > 0
+        largest = max(abs(x) for g in a["grads"].values() for x in g)
+        assert largest > 1e-3  # a gradient worth comparing
+        for name, grad in a["grads"].items():
+            diff = max(abs(x - y) for x, y in zip(grad, b["grads"][name], strict=True))
+            assert diff < 1e-5, (trainer, name, diff)
+
+
+@pytest.mark.slow
+def test_a_two_process_run_improves_held_out_accuracy(tiny_model_dir, tmp_path):
+    """`grpo-lab train` on 2 processes: the main process alone writes, greedy accuracy rises."""
+    out = tmp_path / "run"
+    result = run(accelerate_launch(
+        2, "-m", "grpo_lab.cli", "train", "--steps", "120", "--prompts-per-step", "16",
+        "--eval-size", "64", "--eval-every", "0", "--progress", "false", "--log-every", "40",
+        "--learning-rate", "2e-3", "--lr-scheduler-type", "linear", "--lora-rank", "4",
+        "--temperature", "0.7", "--log-completions-every", "0", "--output-dir", str(out)),
+        timeout=900)
+    assert result.stdout.count("greedy accuracy by step") == 1  # printed by the main process
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(121))  # one line per step, no duplicate
+    accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    assert accuracy[-1] > accuracy[0], accuracy  # 64 problems: one is 1.6 points
+    assert (out / "adapter" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_two_process_train_async_through_the_proxy_resumes_under_one(tiny_model_dir, tmp_path):
+    """`train-async` on 2 processes against a proxy and one server: the main process alone
+    publishes adapters and checkpoints; its checkpoint then resumes under one process."""
+    out = tmp_path / "run"
+    small = ["--prompts-per-step", "4", "--num-generations", "4", "--eval-size", "32",
+             "--eval-every", "0", "--max-staleness", "1", "--progress", "false",
+             "--checkpoint-every", "2", "--output-dir", str(out)]
+    with start_server_process("tiny", enable_lora=True, max_lora_rank=1, max_loras=4,
+                              logprobs_mode="processed_logprobs") as server, \
+            start_proxy_process([server.url]) as proxy:
+        args = ["-m", "grpo_lab.cli", "train-async", "--server-url", proxy.url, *small]
+        first = run(accelerate_launch(2, *args, "--steps", "2"), timeout=600)
+        assert first.stdout.count('"steps": 2') == 1  # one summary: the main process's
+        syncs = [json.loads(line) for line in (out / "syncs.jsonl").read_text().splitlines()]
+        assert [s["version"] for s in syncs] == [0, 1, 2]
+        assert sorted(p.name for p in (out / "adapters" / "checkpoints").iterdir()) == \
+            ["step-000002"]
+        second = run([sys.executable, *args, "--steps", "4", "--resume"], timeout=600)
+        assert "resuming from step-000002" in second.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["resumed_from"] == "step-000002"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert [s["version"] for s in
+            (json.loads(line) for line in (out / "syncs.jsonl").read_text().splitlines())] == \
+        [0, 1, 2, 3, 4, 5]
