@@ -20,6 +20,9 @@ Reported per engine and shape, with diff = log pi_trainer - log pi_sampler on re
                            `sampling/*` metrics of the default, sequence_mask
   same_tokens              share of completions whose token ids equal grpo-lab serve's (same
                            seed: child i of a request samples with seed + i on both engines)
+  repeat                   the `long` request sent again to the same server: share of identical
+                           completions, and max |logprob change| on those (is the engine
+                           deterministic?)
 Results go to benchmarks/results/sampler_mismatch.json and are printed.
 """
 
@@ -122,6 +125,15 @@ def same_tokens(choices: list[dict], reference: list[dict]) -> float:
         / len(reference)
 
 
+def repeat(again: list[dict], first: list[dict]) -> dict:
+    """The same seeded request twice on one server: same tokens? same logprobs on those?"""
+    same = [(a, b) for a, b in zip(again, first, strict=True) if a["token_ids"] == b["token_ids"]]
+    change = max((abs(x - y) for a, b in same for x, y in zip(
+        a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"], strict=True)),
+        default=0.0)
+    return {"same_tokens": len(same) / len(first), "max_logprob_change": change}
+
+
 def run_engine(engine: str, dtype: str, adapter: Path, prompts, n: int, seed: int) -> dict:
     """Start one engine, load the adapter as `policy-v1`, sample both shapes, stop it."""
     start = time.monotonic()
@@ -137,8 +149,10 @@ def run_engine(engine: str, dtype: str, adapter: Path, prompts, n: int, seed: in
         start = time.monotonic()
         choices = sample(client, prompts, n, seed)
         sample_s = time.monotonic() - start
+        again = sample(client, prompts, n, seed)["long"]
     return {"engine": engine, "dtype": dtype, "served_dtype": served_dtype,
-            "startup_s": round(startup_s, 1), "sample_s": round(sample_s, 2), "choices": choices}
+            "startup_s": round(startup_s, 1), "sample_s": round(sample_s, 2), "choices": choices,
+            "repeat": repeat(again, choices["long"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "same_tokens": same_tokens(choices[shape], reference[shape])}
                              for shape in SHAPES}
             results["engines"][key] = run
+            print(f"  repeat of the long request: {run['repeat']['same_tokens']:.2f} identical, "
+                  f"max |logprob change| {run['repeat']['max_logprob_change']:.2e}")
             for shape, m in run["shapes"].items():
                 d, r = m["token_abs_diff"], m["sequence_ratio"]
                 c = m["correction_share_affected"]
