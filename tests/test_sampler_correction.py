@@ -308,3 +308,11 @@ def test_async_trainer_logs_trl_names(tiny_model_dir):
         with_ref.stop_steps()
     # `kl` is the reference KL (grpo_loss's) when beta > 0: the names clash, see the report.
     assert record["kl"] >= 0 and SAMPLING_METRICS <= set(record)
+
+
+def test_truncation_without_bounds_leaves_the_weights():
+    from grpo_lab.core.sampler_correction import truncated_weights
+
+    ratio = torch.tensor([[0.5, 1.0, 7.0]])
+    assert torch.equal(truncated_weights(ratio, None, None), ratio)
+    assert torch.equal(truncated_weights(ratio, None, 3.0), torch.tensor([[0.5, 1.0, 3.0]]))

@@ -47,6 +47,8 @@ def sampler_log_ratio(old_logps: torch.Tensor, sampler_logps: torch.Tensor,
 
 def truncated_weights(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None):
     """Truncated IS: clamp(w, clip_min, clip_max); an unset bound does not clamp."""
+    if clip_min is None and clip_max is None:  # torch.clamp refuses two unset bounds
+        return ratio
     return torch.clamp(ratio, min=clip_min, max=clip_max)
 
 
