@@ -29,7 +29,6 @@ Results go to benchmarks/results/sampler_mismatch.json and are printed.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import random
@@ -43,6 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from grpo_lab.bucket.adapters import write_random_adapter  # noqa: E402
 from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
 from grpo_lab.core.sampler_correction import (  # noqa: E402
     IS_MODES,
@@ -62,21 +62,6 @@ CLIP_MAX = 3.0  # TRL's vllm_importance_sampling_cap default
 SHAPES = {"natural": dict(max_tokens=16), "long": dict(max_tokens=48, ignore_eos=True)}
 SERVE_FLAGS = dict(enable_lora=True, max_lora_rank=8, max_loras=1,
                    logprobs_mode="processed_logprobs")
-
-
-def write_adapter(base, path: Path, seed: int, rank: int = 1, scale: float = 0.1):
-    """A rank-`rank` all-linear LoRA with random A and B (PEFT starts B = 0: a no-op)."""
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(copy.deepcopy(base), LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
-    model.save_pretrained(path)
-    return model.eval()
 
 
 def sample(client: BlockingClient, prompts: list[list[int]], n: int, seed: int) -> dict:
@@ -180,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                "shapes": {k: {**v} for k, v in SHAPES.items()}, "vllm_missing": missing,
                "threads": 1, "engines": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        trainer_model = write_adapter(base, Path(tmp) / "policy-v1", seed=args.seed)
+        trainer_model = write_random_adapter(base, Path(tmp) / "policy-v1", seed=args.seed)
         reference = None
         for engine, dtype in engines:
             key = f"{engine} {dtype}"

@@ -124,21 +124,9 @@ def make_adapter(tiny_model_and_tokenizer):
     """
 
     def make(path, rank: int = 1, seed: int = 0, scale: float = 0.1):
-        import copy
+        from grpo_lab.bucket.adapters import write_random_adapter
 
-        import torch
-        from peft import LoraConfig, get_peft_model
-
-        base = copy.deepcopy(tiny_model_and_tokenizer[0])
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
-                            task_type="CAUSAL_LM")
-        model = get_peft_model(base, config)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * scale)
-        model.save_pretrained(path)
+        write_random_adapter(tiny_model_and_tokenizer[0], path, rank=rank, seed=seed, scale=scale)
         return Path(path)
 
     return make

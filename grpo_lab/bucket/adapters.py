@@ -116,3 +116,25 @@ class AdapterBucket:
             self.unloaded.discard(version)
         self.deleted += gone
         return gone
+
+
+def write_random_adapter(base_model, path: str | Path, rank: int = 1, seed: int = 0,
+                         scale: float = 0.1):
+    """A rank-`rank` LoRA on every linear layer of a copy of `base_model`, with random A and B,
+    saved into `path` (PEFT's files) and returned. PEFT starts B at 0, a no-op: random weights
+    make adapters that visibly change the model, for tests, benchmarks and the course's demos of
+    wrong weights; different seeds give different adapters."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(copy.deepcopy(base_model), LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    model.save_pretrained(path)
+    return model.eval()
