@@ -5,7 +5,8 @@ own stage and the stages above it, never from one below (tests/test_layout.py ch
 
     stage      what it is                                                      notebooks
     core/      the tiny model and tokenizer, tasks, rewards, sampling,
-               evaluation, the GRPO loss, GRPOConfig                           00, 01
+               evaluation, the GRPO loss, GRPOConfig; the process-group
+               toolkit the later stages start processes with                   00, 01
     train/     the synchronous trainer (full or LoRA), packing, metrics.jsonl  01, 02, 03
     bucket/    the folder all jobs share: adapters published atomically,
                trainer checkpoints                                             05, 07

@@ -38,7 +38,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
-from grpo_lab.serving.process import stop_groups
+from grpo_lab.core.processes import stop_groups
 
 MOUNTS_ENV = "HF_JOBS_EMULATOR_MOUNTS"
 

@@ -22,8 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grpo_lab.jobs.specs import free_port
-from grpo_lab.serving.process import stop_groups
+from grpo_lab.core.processes import free_port, stop_groups
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30

@@ -6,23 +6,17 @@ launches use `--multi_gpu` (torchrun); the trainer then asks accelerate for CPU 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from grpo_lab.core.processes import free_port
 from grpo_lab.proxy.process import start_proxy_process
 from grpo_lab.serving.process import start_server_process
 
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_launch(processes: int, *args: str) -> list[str]:

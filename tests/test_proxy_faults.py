@@ -8,21 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 
 from proxy_stubs import fleet, junk_server, run
 
+from grpo_lab.core.processes import free_port
+
 BS = 16
 P1 = list(range(1000, 1000 + 3 * BS))
 P2 = list(range(2000, 2000 + 3 * BS))
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def still_serves(f) -> None:

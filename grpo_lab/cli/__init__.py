@@ -1,7 +1,9 @@
 """Stage 9, cli: the `grpo-lab` command and what only the command runs.
 
-`main` (the entry point), `flags` (flags from config dataclasses), the subcommands `launch`,
-`train-async` and `demo` (`demo`: in one process; `multi_job`: as the recipe's jobs, notebook
-07), and `notebooks` (running the course's notebooks, the goals each must reach).
-`python -m grpo_lab.cli` is the same as `grpo-lab`.
+`main` (the entry point: parses, then calls the command's `run`), `flags` (flags from config
+dataclasses), one module per command, each with `add_parser` and `run`: `demo` (`--jobs none`:
+in one process; `multi_job`: as the recipe's jobs, notebook 07), `train`, `train_async`,
+`train_trl_async`, `build_model`, `serve`, `proxy`, `launch`, `notebook` (`notebooks`: running
+the course's notebooks, the goals each must reach). `python -m grpo_lab.cli` is the same as
+`grpo-lab`.
 """

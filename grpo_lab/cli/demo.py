@@ -1,8 +1,9 @@
-"""`grpo-lab demo --jobs none`: the main job's budget as synchronous LoRA GRPO in one process.
+"""`grpo-lab demo`: the main job, GRPO on the tiny offline model with a summary.
 
-Build or load the tiny model, train a rank-1 adapter, and leave a run folder with the metrics,
-the adapter, a plot and a summary. The default main job (`grpo-lab demo`, `make demo`) runs the
-recipe's separate jobs instead: grpo_lab.cli.multi_job.
+`--jobs local` (the default, `make demo`) runs the recipe's separate jobs: grpo_lab.cli.multi_job.
+`--jobs none` (`run_demo`) runs the same budget as synchronous LoRA GRPO in one process: build or
+load the tiny model, train a rank-1 adapter, and leave a run folder with the metrics, the
+adapter, a plot and a summary.
 """
 
 from __future__ import annotations
@@ -14,12 +15,50 @@ from datetime import datetime
 from pathlib import Path
 
 from ..core.config import GRPOConfig
-from ..train.metrics import plot_training
-from ..train.trainer import GRPOTrainer
+from ..rollout.config import AsyncGRPOConfig
+from .flags import add_config_flags, config_from_args
+
+DEFAULT_MIN_GAIN = 0.20
+"""The gain the summary reports against when `--min-gain` is not given."""
 
 
-def run_demo(config: GRPOConfig, min_gain: float = 0.20) -> dict:
+def add_parser(sub) -> None:
+    demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
+    demo.add_argument("--min-gain", type=float, default=None,
+                      help="exit with status 1 unless greedy accuracy rises by this much (e.g. 0.2); "
+                      "the summary reports against it (default 0.2)")
+    demo.add_argument("--jobs", choices=("none", "local"), default="local",
+                      help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
+                      "folder) as local processes; none: synchronous GRPO in this process")
+    demo.add_argument("--replicas", type=int, default=2, help="inference replicas (--jobs local)")
+    demo.add_argument("--engine", choices=("grpo-lab", "vllm"), default="grpo-lab",
+                      help="the replicas' server (--jobs local): grpo-lab (`grpo-lab serve`) or "
+                      "vllm (real vLLM; its CPU build on a CPU, `make vllm`)")
+    add_config_flags(demo, AsyncGRPOConfig, defaults={"log_every": 20, "output_dir": None})
+    demo.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run the demo as local jobs or in this process; 1 if the gain misses `--min-gain`."""
+    min_gain = args.min_gain or DEFAULT_MIN_GAIN
+    if args.jobs == "local":
+        from .multi_job import multi_job_config, run_multi_job_demo  # the jobs, not the trainer
+
+        summary = run_multi_job_demo(multi_job_config(args), replicas=args.replicas,
+                                     min_gain=min_gain, engine=args.engine)
+    else:
+        summary = run_demo(config_from_args(args), min_gain=min_gain)
+    if args.min_gain is not None and summary["accuracy_gain"] < args.min_gain:
+        print(f"FAILED: gain {summary['accuracy_gain']:+.1%} < {args.min_gain:.0%}")
+        return 1
+    return 0
+
+
+def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
     """Train, then print and return the summary; everything lands in `config.output_dir`."""
+    from ..train.metrics import plot_training
+    from ..train.trainer import GRPOTrainer  # torch and transformers: only for this job
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default path never touches the hub
     if config.output_dir is None:
         config.output_dir = str(Path("runs") / datetime.now().strftime("demo-%Y%m%d-%H%M%S"))

@@ -1,7 +1,7 @@
 """Command-line flags from config dataclasses: one `--field-name` per field, its docstring as help.
 
-Every subcommand (grpo_lab.cli.main, launch, train_async, multi_job) builds its flags here, so
-no subcommand imports the entry point back.
+Every command module (grpo_lab.cli.serve, launch, train_async, ...) builds its flags here, so no
+command imports the entry point back.
 """
 
 from __future__ import annotations

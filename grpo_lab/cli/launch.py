@@ -27,7 +27,7 @@ from ..jobs.plan import PRESETS, RecipeConfig, preset_config, recipe_plan
 from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
 
 
-def add_launch_parser(sub) -> None:
+def add_parser(sub) -> None:
     """Add `grpo-lab launch` to the CLI's subparsers."""
     launch = sub.add_parser(
         "launch", help="docs/recipe.md's multi-job run: replicas, proxy, trainer, one bucket",
@@ -54,9 +54,10 @@ def add_launch_parser(sub) -> None:
                         help="after `--`: the trainer's grpo-lab arguments, with {model}, "
                              "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness}, {device}, "
                              "{max_completion_length} filled in")
+    launch.set_defaults(func=run)
 
 
-def launch_main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """`grpo-lab launch`: build the plan, then print it (--dry-run), run it, or submit it."""
     try:
         return _launch(args)

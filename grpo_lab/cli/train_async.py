@@ -313,14 +313,15 @@ def _follow_main_process(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> d
     return {}
 
 
-def add_train_async_parser(sub) -> None:
+def add_parser(sub) -> None:
     parser = sub.add_parser("train-async", help="the trainer job: asynchronous LoRA GRPO against "
                             "inference servers (a proxy or one server), adapters through a bucket")
     add_config_flags(parser, TrainAsyncJobConfig)
     add_config_flags(parser, AsyncGRPOConfig)
+    parser.set_defaults(func=run)
 
 
-def train_async_main(args) -> int:
+def run(args) -> int:
     summary = run_train_async(config_from_args(args, AsyncGRPOConfig),
                               config_from_args(args, TrainAsyncJobConfig))
     if is_main_process():

@@ -20,15 +20,16 @@ from ..rollout.trl_async import TrlAsyncJobConfig, run_train_trl_async
 from .flags import add_config_flags, config_from_args
 
 
-def add_train_trl_async_parser(sub) -> None:
+def add_parser(sub) -> None:
     parser = sub.add_parser("train-trl-async", help="the trainer job with TRL's "
                             "AsyncGRPOTrainer: same data, rewards and flags as train-async, "
                             "LoRA adapters through the bucket, against a proxy or one server")
     add_config_flags(parser, TrlAsyncJobConfig)
     add_config_flags(parser, AsyncGRPOConfig)
+    parser.set_defaults(func=run)
 
 
-def train_trl_async_main(args) -> int:
+def run(args) -> int:
     summary = run_train_trl_async(config_from_args(args, AsyncGRPOConfig),
                                   config_from_args(args, TrlAsyncJobConfig))
     print(json.dumps(summary, indent=2), flush=True)

@@ -7,7 +7,7 @@
 The same plan goes to Hugging Face Jobs through grpo_lab.jobs.hf_jobs; `grpo-lab launch`
 (grpo_lab.cli.launch) picks the backend.
 
-Local lifecycle, per job, in the plan's dependency order (grpo_lab.serving.process does each):
+Local lifecycle, per job, in the plan's dependency order (grpo_lab.core.processes does each):
     1. start   `spawn`: the job leads a new process group, so stopping it also stops whatever
                it spawned (vLLM's engine core, a tokenizer pool, ...)
     2. health  `wait_healthy` on its health URL; if it exits first or the deadline passes, stop
@@ -36,7 +36,7 @@ import time
 import weakref
 from pathlib import Path
 
-from ..serving.process import is_alive, signal_group, spawn, stop_groups, wait_healthy
+from ..core.processes import is_alive, signal_group, spawn, stop_groups, wait_healthy
 from .specs import URL_PLACEHOLDER, BucketMount, JobSpec, RunPlan
 
 LOG_TAIL_LINES = 40

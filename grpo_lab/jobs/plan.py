@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..core.processes import free_port
 from ..proxy.process import proxy_args
 from ..serving.process import GRPO_LAB
 from .blog import HF_BLOG_MODEL, PRESETS
@@ -50,7 +51,6 @@ from .specs import (
     BucketMount,
     JobSpec,
     RunPlan,
-    free_port,
     is_gpu_flavor,
     package_wheel_name,
     shell_join,

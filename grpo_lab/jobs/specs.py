@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from ..core.processes import free_port  # noqa: F401 (its former import path)
 
 CPU_IMAGE = "python:3.12"
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -36,13 +37,6 @@ def url_of(job_name: str) -> str:
 def shell_join(args: list[str]) -> str:
     """shlex.join, but a bare `{url:<job>}` placeholder stays unquoted (a URL needs no quotes)."""
     return " ".join(a if URL_PLACEHOLDER.fullmatch(a) else shlex.quote(a) for a in args)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def is_gpu_flavor(flavor: str) -> bool:

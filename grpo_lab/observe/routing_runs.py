@@ -26,6 +26,7 @@ import os
 import time
 
 from ..proxy.process import start_proxy_process
+from ..serving.block_hashes import DEFAULT_BLOCK_SIZE
 from ..serving.client import BlockingClient, InferenceClient, ServerError
 from .dashboard import proxy_stats, replica_cache_stats
 
@@ -82,7 +83,7 @@ def cache_counters(replica_urls: list[str]) -> dict:
 
 def routing_run(replica_urls: list[str], model: str, prompts: list[list[int]], *,
                 routing: str, group_size: int = 8, max_tokens: int = 16, max_inflight: int = 32,
-                block_size: int = 16, log_path: str | os.PathLike | None = None) -> dict:
+                block_size: int = DEFAULT_BLOCK_SIZE, log_path: str | os.PathLike | None = None) -> dict:
     """One cold run of the same traffic through a new proxy with `routing` (module docstring)."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS} (got {routing!r})")

@@ -98,7 +98,7 @@ from .config import ProxyConfig
 from .control import BROADCAST_PATHS, Broadcaster, FleetInfo
 from .process import READY_MARKER
 from .replicas import ReplicaSet
-from .router import PrefixRouter, RouterConfig
+from .router import PrefixRouter
 
 KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/ping", "/server_info",
                "/v1/models", "/get_world_size", "/proxy/stats", *BROADCAST_PATHS)
@@ -122,8 +122,7 @@ class Proxy:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-        self.router = PrefixRouter(config.upstreams, RouterConfig(
-            config.block_size, config.imbalance, config.max_tracked_blocks, config.routing))
+        self.router = PrefixRouter(config.upstreams, config.router_config())
         self.errors = dict.fromkeys(("bad_request", "not_found", "closed", "garbage", "timeout",
                                      "down", "no_replica", "refused",
                                      "unauthorized"), 0)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
+
+from .router import RouterConfig
 
 LOCAL_HEALTH_TIMEOUT_S, LOCAL_HEALTH_FAILURES = 5.0, 2
 """Mark-down defaults when every upstream is on this machine: a stalled replica leaves fast."""
@@ -42,13 +44,14 @@ class ProxyConfig:
     upstream_token_env: str | None = None
     """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
     (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
-    block_size: int = 16
+    # The router's knobs (RouterConfig): the same names, its defaults
+    block_size: int = RouterConfig.block_size
     """Tokens per KV block, as the servers' (vLLM: 16)."""
-    imbalance: int = 8
+    imbalance: int = RouterConfig.imbalance
     """In-flight requests the preferred replica may be ahead of the least-loaded one."""
-    max_tracked_blocks: int = 500_000
+    max_tracked_blocks: int = RouterConfig.max_tracked_blocks
     """Cap on the router's block table (least recently used blocks are forgotten)."""
-    routing: str = "affinity"
+    routing: str = RouterConfig.routing
     """affinity (KV-prefix affinity, then load) or round-robin (replicas in turn, prefixes
     ignored: the baseline of benchmarks/routing_cache.py)."""
     tokenizer: str | None = None
@@ -109,3 +112,7 @@ class ProxyConfig:
             problems.append(f"port must be in 0..65535 (got {self.port})")
         if problems:
             raise ValueError("invalid ProxyConfig: " + "; ".join(problems))
+
+    def router_config(self) -> RouterConfig:
+        """The router's knobs as this proxy was given them (RouterConfig checks them)."""
+        return RouterConfig(**{f.name: getattr(self, f.name) for f in fields(RouterConfig)})

@@ -34,16 +34,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..serving.block_hashes import chained_block_hashes
+from ..serving.block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
 
 RouteKind = Literal["affinity", "spill", "unmatched"]
 
 
 @dataclass
 class RouterConfig:
-    """Knobs of the prefix router (the reference proxy's `PROXY_*` settings)."""
+    """Knobs of the prefix router (the reference proxy's `PROXY_*` settings). `grpo-lab proxy`
+    takes them as flags: ProxyConfig's fields of the same names, whose defaults are these."""
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     """Tokens per KV block; must match the server's block size (vLLM: 16). Only full blocks count."""
     imbalance: int = 8
     """How many in-flight requests the preferred replica may be ahead of the least-loaded one

@@ -22,6 +22,9 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 
+DEFAULT_BLOCK_SIZE = 16
+"""Tokens per KV block by default, as vLLM's `--block-size`: the server's prefix cache and the
+proxy's router (and so every config that sets either) take theirs from here."""
 SEED_DOMAIN = b"grpo_lab/prefix-cache-seed\x00"
 DIGEST_SIZE = 8  # 64-bit hashes: collisions are negligible at 500,000 tracked blocks
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from .process import wait_healthy
+from ..core.processes import wait_healthy
 from .protocol import RequestError, parse_error
 
 
@@ -110,7 +110,7 @@ class InferenceClient:
             return False
 
     async def wait_until_healthy(self, timeout_s: float = 120.0, interval_s: float = 0.2) -> None:
-        """Poll /health until 200 (process's `wait_healthy`, in a thread); TimeoutError after."""
+        """Poll /health until 200 (core.processes' `wait_healthy`, in a thread); TimeoutError after."""
         await asyncio.to_thread(wait_healthy, self.base_url + "/health", timeout_s,
                                 poll_s=interval_s)
 

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .block_hashes import chained_block_hashes
+from .block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size
 DEFAULT_MAX_BLOCKS = 1024  # 16,384 tokens; the tiny model's KV is 64 KiB a block
 
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import socket
 import sys
 from pathlib import Path
 
 from ..core.argv import flag_args
+from ..core.processes import free_port
 from .process import ServerProcess, spawn_until_ready
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -126,9 +126,7 @@ def start_vllm_process(
     if missing:
         raise RuntimeError(missing)
     if not port:  # a port nobody listens on now (the OS picks it)
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
+        port = free_port(host)
     args = vllm_cpu_args(model, host, port, **flags)
     proc_env = {**os.environ, **vllm_cpu_env(threads, dev_mode=dev_mode,
                                              runtime_lora_updating=runtime_lora_updating),

@@ -1,0 +1,34 @@
+"""`grpo-lab build-model`: build (or find) the cached tiny or chat model and print its folder."""
+
+from __future__ import annotations
+
+import os
+
+from .flags import BOOL_FLAG
+
+
+def add_parser(sub) -> None:
+    build = sub.add_parser("build-model", help="build (or find) the cached tiny model")
+    build.add_argument("--kind", choices=("tiny", "chat"), default="tiny",
+                       help="tiny: the default Llama on --task; chat: the Qwen2 with a BPE "
+                       "tokenizer and ChatML, on word problems (--task is ignored)")
+    build.add_argument("--task", default="addition")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--rebuild", default=False, **BOOL_FLAG)
+    build.add_argument("--threads", type=int, default=os.cpu_count(),
+                       help="torch threads for the build (default: every core; run it alone)")
+    build.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.kind == "chat":
+        from ..core.chat_model import ChatModelRecipe, chat_model_path
+
+        print(chat_model_path(ChatModelRecipe(seed=args.seed), rebuild=args.rebuild,
+                              num_threads=args.threads))
+    else:
+        from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+
+        print(tiny_model_path(TinyModelRecipe(task=args.task, seed=args.seed),
+                              rebuild=args.rebuild, num_threads=args.threads))
+    return 0

@@ -1,0 +1,25 @@
+"""`grpo-lab serve tiny --enable-lora --port 8000`: an inference server speaking vLLM's HTTP
+contract (grpo_lab.serving); its flags are ServeConfig's fields."""
+
+from __future__ import annotations
+
+from ..serving.config import ServeConfig
+from .flags import add_config_flags, config_from_args
+
+
+def add_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="an inference server speaking vLLM's HTTP contract "
+                           "(env gates: VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+    serve.add_argument("model", help="hub id or local path of the base model; `tiny` = the "
+                       "offline tiny model")
+    add_config_flags(serve, ServeConfig, exclude=("model",))
+    serve.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                       action="store_false", help="turn prefix caching off (as in vLLM)")
+    serve.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..serving.serve_loop import serve  # the engine and the HTTP app: only when serving
+
+    serve(config_from_args(args, ServeConfig))
+    return 0
