@@ -84,6 +84,11 @@ NOTEBOOK_GOALS = {
         "staleness within max_staleness":
             lambda r: r["async_staleness_max"] <= r["max_staleness"],
         "async_staleness_mean > 0": lambda r: r["async_staleness_mean"] > 0,
+        # the mean ratio stays near 1 stale or not; TRL's async `kl` (k3 of sampler vs trainer) moves
+        "sync: |kl| < 1e-6 (float32, on-policy)": lambda r: r["sync_kl_max"] < 1e-6,
+        "async: kl on stale steps > 1e-5 and > 100x sync's, max < 5e-3":
+            lambda r: r["async_kl_stale_mean"] > max(1e-5, 100 * r["sync_kl_max"])
+            and r["async_kl_max"] < 5e-3,
         "fast producer: trainer-bound": lambda r: r["fast_producer_bottleneck"] == "trainer",
         "drop path: 4 stale groups dropped without admission, none with it":
             lambda r: r["dropped_without_admission"] == 4 and r["dropped_with_admission"] == 0,
@@ -94,9 +99,14 @@ NOTEBOOK_GOALS = {
     "05_rollout_server_and_bucket": {
         "adapters_differ": lambda r: r["adapters_differ"],
         "base_ignores_adapters": lambda r: r["base_ignores_adapters"],
-        "wrong_weights_deviation > 0.01": lambda r: r["wrong_weights_deviation"] > 0.01,
-        "right_weights_deviation < 1e-3": lambda r: r["right_weights_deviation"] < 1e-3,
+        # E_{pi_s}[pi_theta / pi_s] = 1: the mean ratio cannot flag wrong weights; k3 and tails do
+        "wrong weights: mean ratio within 0.05 of 1, yet k3 > 1e-3 and a tail off 1 by > 0.1":
+            lambda r: abs(r["wrong_weights"]["mean"] - 1) < 0.05
+            and r["wrong_weights"]["k3"] > 1e-3 and r["wrong_weights_deviation"] > 0.1,
+        "right weights (fp32 stand-in): every token's ratio 1 within 1e-3, |k3| < 1e-6":
+            lambda r: r["right_weights_deviation"] < 1e-3 and abs(r["right_weights"]["k3"]) < 1e-6,
         "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
+        "GRPO over HTTP (sync, fp32): logged kl < 1e-6": lambda r: r["max_kl"] < 1e-6,
         "steps >= 1": lambda r: r["steps"] >= 1,
         "a reused adapter name is refused and serves the old weights":
             lambda r: r["reused_name_refused"] and r["reused_name_deviation"] > 0.01,
@@ -158,6 +168,8 @@ NOTEBOOK_GOALS = {
                                                and r["unmatched"] == sum(r["routed"])),
         "vllm: every version loaded on every replica (their logs)":
             lambda r: r["engine"] == "grpo-lab" or r["loaded_everywhere"] is True,
+        "kl (k3, sampler vs trainer): stale steps > 1e-5, every step < 1e-2":
+            lambda r: r["kl_stale_mean"] > 1e-5 and r["kl_max"] < 1e-2,
     },
     "08_reading_the_pipeline": {
         "bottlenecks as expected": lambda r: r["bottlenecks"] == r["expected"] == [

@@ -20,11 +20,19 @@ METRICS: dict[str, str] = {
     "rewards/<name>/std": "standard deviation of that reward function's scores",
     "completions/mean_length": "mean completion length in tokens",
     "completions/clipped_ratio": "fraction of completions cut at max_new_tokens (no EOS)",
-    "loss": "the GRPO objective of the last update (near 0 at ratio 1: the advantages sum to 0)",
-    "ratio": "mean pi_theta / pi_old over completion tokens (1 at the first update of a batch)",
+    "loss": "the GRPO objective of the last update; not a progress signal (watch `reward`). At "
+            "ratio 1 it is 0 only for loss_type `grpo` with beta = 0 (the advantages sum to 0); "
+            "`dapo` and `dr_grpo` give minus the within-group covariance of length and advantage "
+            "(scaled), and beta > 0 adds beta x the reference KL",
+    "ratio": "mean pi_theta / pi_old over completion tokens (1 at the first update of a batch). "
+             "Not an alarm: when pi_old is the sampler's, E_sampler[pi_theta / pi_sampler] = 1 "
+             "whatever the sampler, so a stale or wrong-weights sampler leaves the mean near 1; "
+             "watch `kl` and the per-token tails instead",
     "kl": "with beta > 0: mean k3 estimate of KL(pi_theta || pi_ref) over tokens; in the "
           "asynchronous trainer with beta = 0, as TRL's AsyncGRPOTrainer logs it: the k3 estimate "
-          "of KL(pi_sampler || pi_theta) on the sampled tokens, what a wrong or stale sampler moves",
+          "of KL(pi_sampler || pi_theta) on the sampled tokens, what a wrong or stale sampler "
+          "moves while the mean `ratio` stays near 1 (about 1e-9 on-policy in float32, 1e-4 at "
+          "staleness 1 in notebook 04, 2e-4 from a bf16 sampler alone)",
     "sampling/sampling_logp_difference/mean": "mean |log pi_old - log pi_sampler| over completion "
           "tokens: how far the sampler's logprobs are from the trainer's (TRL's name)",
     "sampling/sampling_logp_difference/max": "the largest such difference",
