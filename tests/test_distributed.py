@@ -6,6 +6,7 @@ launches use `--multi_gpu` (torchrun); the trainer then asks accelerate for CPU 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,15 @@ def accelerate_launch(processes: int, *args: str) -> list[str]:
             "--dynamo_backend", "no", "--main_process_port", str(free_port()), *args]
 
 
+# Set in this process by libraries the suite imports (TRL sets MASTER_ADDR and MASTER_PORT,
+# accelerate RANK and WORLD_SIZE): a launched process group must rendezvous on its own.
+LAUNCH_ENV_LEAKS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                    "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
+
+
 def run(command: list[str], timeout: int) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV_LEAKS}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     return result
 

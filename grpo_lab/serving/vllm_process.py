@@ -101,7 +101,10 @@ def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
             "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # else the CPU build ignores "uni"
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # else the CPU build ignores "uni"
+            # the replica's own log says what it loaded: importing TRL (in the process that
+            # starts vLLM) sets VLLM_LOGGING_LEVEL=ERROR for every child otherwise
+            "VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def start_vllm_process(
