@@ -35,6 +35,10 @@ LAUNCH_ENV_LEAKS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_S
 
 def run(command: list[str], timeout: int) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV_LEAKS}
+    # importing vLLM (through TRL) prepends opencv's bundled libraries to LD_LIBRARY_PATH: a
+    # launched torch must load its own
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and "site-packages" not in p)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     return result
