@@ -72,7 +72,7 @@ def test_a_two_process_run_improves_held_out_accuracy(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = run(accelerate_launch(
         2, "-m", "grpo_lab.cli", "train", "--steps", "120", "--prompts-per-step", "16",
-        "--eval-size", "64", "--eval-every", "0", "--progress", "false", "--log-every", "40",
+        "--eval-size", "256", "--eval-every", "0", "--progress", "false", "--log-every", "40",
         "--learning-rate", "2e-3", "--lr-scheduler-type", "linear", "--lora-rank", "4",
         "--temperature", "0.7", "--log-completions-every", "0", "--output-dir", str(out)),
         timeout=900)
@@ -80,7 +80,8 @@ def test_a_two_process_run_improves_held_out_accuracy(tiny_model_dir, tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(121))  # one line per step, no duplicate
     accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
-    assert accuracy[-1] > accuracy[0], accuracy  # 64 problems: one is 1.6 points
+    # 256 held-out problems (64 left a 3-problem margin): measured +16 and +19 points, seeds 0, 1
+    assert accuracy[-1] >= accuracy[0] + 0.05, accuracy
     assert (out / "adapter" / "adapter_model.safetensors").exists()
 
 
