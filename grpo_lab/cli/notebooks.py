@@ -166,7 +166,7 @@ NOTEBOOK_GOALS = {
             lambda r: (r["affinity_share"] >= 0.5 and r["cache_hits"] > 0)
             if r["engine"] == "grpo-lab" else (r["affinity_share"] == 0 and r["cache_hits"] == 0
                                                and r["unmatched"] == sum(r["routed"])),
-        "vllm: every version loaded on every replica (their logs)":
+        "vllm: every version loaded on every replica (their logs), but the sync a kill cut short":
             lambda r: r["engine"] == "grpo-lab" or r["loaded_everywhere"] is True,
         "kl (k3, sampler vs trainer): stale steps > 1e-5, every step < 1e-2":
             lambda r: r["kl_stale_mean"] > 1e-5 and r["kl_max"] < 1e-2,
