@@ -67,7 +67,7 @@ test-notebooks: setup vllm
 	$(BIN)/python -m pytest -m notebook
 
 lint: setup
-	$(BIN)/ruff check grpo_lab tests benchmarks
+	$(BIN)/ruff check grpo_lab course tests benchmarks
 
 clean:
 	rm -rf $(VENV) .grpo_lab runs .pytest_cache

@@ -8,7 +8,7 @@ floating-point kernels: another machine builds another model under the same reci
 build seed stands in for another machine: for each seed this builds the model into a fresh
 GRPO_LAB_HOME under the default recipe's cache key (exactly where a notebook looks for it), then
 executes the notebooks with papermill and runs `grpo-lab demo` against it, and records every goal
-of grpo_lab.cli.notebooks.NOTEBOOK_GOALS that a run misses (the same checks the tests apply).
+of course.goals.NOTEBOOK_GOALS that a run misses (the same checks the tests apply).
 Everything runs one process at a time, with one torch thread per process, as the tests do.
 Results go to benchmarks/results/outcomes_across_builds.json and are printed.
 """
@@ -29,12 +29,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpo_lab.cli.notebooks import (  # noqa: E402
-    list_notebooks,
-    missed_goals,
-    notebook_number,
-    run_notebook,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's course/
+from course.goals import missed_goals  # noqa: E402
+from course.notebooks import list_notebooks, notebook_number, run_notebook  # noqa: E402
 from grpo_lab.core.tiny_model import TinyModelRecipe, build_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "outcomes_across_builds.json"

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +28,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpo_lab.cli.notebooks import find_notebook, run_notebook  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's course/
+from course.notebooks import find_notebook, run_notebook  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "seed_spread.json"
 

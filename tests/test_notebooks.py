@@ -4,17 +4,9 @@ filled in; then its recorded values. Static checks of the exercises and links ru
 import nbformat
 import pytest
 
-from grpo_lab.cli.notebooks import (
-    NOTEBOOK_GOALS,
-    SOLUTIONS_DIR,
-    exercise_cells,
-    fill_in_solutions,
-    find_notebook,
-    list_notebooks,
-    missed_goals,
-    notebook_number,
-    run_notebook,
-)
+from course.exercises import SOLUTIONS_DIR, exercise_cells, fill_in_solutions
+from course.goals import NOTEBOOK_GOALS, missed_goals
+from course.notebooks import find_notebook, list_notebooks, notebook_number, run_notebook
 from grpo_lab.serving.vllm_process import vllm_missing_reason
 
 NOTEBOOKS = list_notebooks()
@@ -148,17 +140,17 @@ def test_an_exercise_cell_must_name_its_id(tmp_path):
         exercise_cells(nb)
 
 
-def test_cli_notebook_with_solutions_reaches_the_runner(monkeypatch, capsys):
-    import grpo_lab.cli.notebooks as notebooks
-    from grpo_lab.cli.main import main
+def test_course_command_with_solutions_reaches_the_runner_and_checks_goals(monkeypatch, capsys):
+    import course.__main__ as command
 
     calls = []
-    monkeypatch.setattr(notebooks, "run_notebook",
-                        lambda name, output_dir, with_solutions: calls.append(
-                            (name, with_solutions)) or {"exercises": {}})
-    assert main(["notebook", "01", "--with-solutions"]) in (0, None)
-    assert main(["notebook", "02"]) in (0, None)
-    assert calls == [("01", True), ("02", False)]
+    monkeypatch.setattr(command, "run_notebook",
+                        lambda notebook, output_dir, with_solutions: calls.append(
+                            (notebook.stem, with_solutions)) or {"exercises": {}})
+    assert command.main(["01", "--with-solutions"]) == 1  # nothing recorded: its goals missed
+    assert "missed: accuracy gain >= 10 points" in capsys.readouterr().err
+    assert command.main(["02"]) == 1
+    assert calls == [("01_grpo_from_scratch", True), ("02_grpo_with_lora", False)]
 
 
 def test_side_chapters_sort_after_their_number(tmp_path):

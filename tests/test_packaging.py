@@ -70,7 +70,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_code_passes_ruff():
     ruff = Path(sys.executable).parent / "ruff"
-    out = subprocess.run([str(ruff), "check", "grpo_lab", "tests", "benchmarks"], cwd=ROOT,
+    out = subprocess.run([str(ruff), "check", "grpo_lab", "course", "tests", "benchmarks"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:]
 

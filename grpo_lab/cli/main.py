@@ -9,8 +9,6 @@
                                      the same job with TRL's AsyncGRPOTrainer
     grpo-lab build-model [--kind chat]
                                      build (or find) the cached tiny (or chat) model, print its folder
-    grpo-lab notebook 01 [--with-solutions]
-                                     execute a course notebook with papermill (exercises solved)
     grpo-lab serve tiny --enable-lora --port 8000
                                      an inference server speaking vLLM's HTTP contract
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
@@ -25,7 +23,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("demo", "train", "build-model", "notebook", "serve", "proxy", "launch", "train-async",
+COMMANDS = ("demo", "train", "build-model", "serve", "proxy", "launch", "train-async",
             "train-trl-async")
 """Each command lives in its own module, `grpo_lab.cli.<command>` (`-` as `_`), which exports
 `add_parser(sub)` (its flags; `set_defaults(func=run)`) and `run(args) -> int` (the exit status).
