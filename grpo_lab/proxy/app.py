@@ -9,7 +9,7 @@ of several replicas"; docs/recipe.md, "The proxy"):
     POST /v1/completions, /v1/chat/completions  each prompt to one replica (proxy/router.py);
                                                 the answer names it in `X-Proxy-Upstream`
     POST /pause, /resume, /reset_prefix_cache   sent to every replica in routing
-    POST /v1/load_lora_adapter                  every replica in routing or none (broadcast.py)
+    POST /v1/load_lora_adapter                  every replica in routing or none (adapter_loads.py)
     POST /v1/unload_lora_adapter                every replica in routing
     GET  /health, GET|POST /ping                200 only if every replica answers 200
     GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
@@ -18,7 +18,7 @@ of several replicas"; docs/recipe.md, "The proxy"):
     any GET, POST /tokenize, /detokenize, ...   read-only: passed through to one healthy replica
     any other route                             400: it may change one replica's state
                                                 (/sleep, /wake_up, /collective_rpc, the NCCL
-                                                weight-transfer routes: control.py)
+                                                weight-transfer routes: fleet_info.py)
 
 Auth. With `--api-key` (or $VLLM_API_KEY), as `vllm serve --api-key`, every route but /health
 needs `Authorization: Bearer KEY` (compared in constant time); a missing, wrong or undecodable
@@ -37,8 +37,9 @@ Parts. `Proxy` builds them, starts and stops them, and wires the routes to them:
     ReplicaSet            replicas.py      the replicas: calls to them, the health probe, which
                                            of them are in routing, the resync
     CompletionForwarder   completions.py   the completion routes: split, send, merge, stream
-    Broadcaster           control.py       /pause, /resume, adapter loads and unloads
-    FleetInfo             control.py       /health, /server_info, /v1/models
+    Broadcaster           broadcast.py     /pause, /resume, adapter loads and unloads
+                          adapter_loads.py (all-or-nothing)
+    FleetInfo             fleet_info.py    /health, /server_info, /v1/models
 
 `/proxy/stats`, a known path with another method (405) and the error answers of every part
 (`Proxy.error`, handed to them) are the proxy's own; any other route is the replica's answer. Each part keeps its
@@ -92,13 +93,14 @@ from aiohttp import web
 
 from ..serving.process import serve_until_signalled
 from ..serving.protocol import bearer_ok, error_body
-from .broadcast import LOAD_PATH, UNLOAD_PATH
+from .broadcast import BROADCAST_PATHS, Broadcaster
 from .completions import CompletionForwarder
 from .config import ProxyConfig
-from .control import BROADCAST_PATHS, Broadcaster, FleetInfo
+from .fleet_info import FleetInfo
 from .process import READY_MARKER
 from .replicas import ReplicaSet
 from .router import PrefixRouter
+from .upstream import LOAD_PATH, UNLOAD_PATH
 
 KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/ping", "/server_info",
                "/v1/models", "/get_world_size", "/proxy/stats", *BROADCAST_PATHS)

@@ -1,230 +1,40 @@
-"""Broadcast state-changing requests to every replica; adapter loads are all-or-nothing.
+"""The proxy's broadcasts (grpo_lab.proxy.app): requests that change the replicas' state reach all
+of them.
 
-The proxy (grpo_lab.proxy.app) presents several replicas as one server, so a request that changes
-a server's state (pause, resume, adapter load and unload) must reach all of them, and a LoRA
-adapter name must never exist on only part of the fleet: a rollout routed to a replica without
-it would fail with 404, or worse, a stale copy would serve it (docs/recipe.md, "The proxy").
+    POST /pause, /resume              sent to every replica in routing
+    POST /reset_prefix_cache          every replica in routing (each one's prefix cache flushed)
+    POST /v1/load_lora_adapter        every replica in routing or none (grpo_lab.proxy.adapter_loads);
+                                      one operation per adapter name at a time
+    POST /v1/unload_lora_adapter      every replica in routing
 
-Rules of `load_everywhere`, one replica at a time, all replicas at once:
-- 2xx: accepted.
-- 400 "has already been loaded": the replica's /v1/models is asked which path it holds that
-  name from. The same path (the adapter this call names): success, left as it is. Another
-  path, or no answer: a failure like the next one (400, saying which path it holds), since
-  that replica would go on serving an older adapter under the name the caller publishes.
-- 404 "No adapter found": its bucket mount has not seen the directory yet. Retry every
-  `retry_s` until the deadline (`timeout_s` after the call began).
-- Anything else (an HTTP error, a refused or dropped connection) fails the load: the other
-  replicas stop retrying, and every replica that accepted it, or whose answer was lost, is
-  asked to unload it again (the rollback). The caller gets the failing replica's status.
-- The deadline passes: the same rollback, then 504 (never 404, which TRL reads as "runtime
-  LoRA updating is disabled").
-- An in-place load (`load_inplace: true`) replaces an adapter that may be serving already:
-  each replica's /v1/models is read first, and the rollback loads the previous path in place
-  again where the name was loaded (unloads it only where it was not). A replica whose
-  /v1/models does not answer fails the load before anything changed (502).
-The fleet ends as it was before the call, or with the adapter on every replica.
-
-A replica is reached through `send(replica, path, body, timeout_s, method="POST") ->
-(status, text)`, which raises `UpstreamError` when no HTTP answer came back; so these rules are
-tested without sockets.
+A broadcast goes to the replicas in routing; one that is down catches up when it comes back
+(`ReplicaSet`'s resync, grpo_lab.proxy.replicas): the adapters, and the pause state that the
+last /pause or /resume left. Loads and pause/resume are shielded: a client that hangs up does
+not cut them in half.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Callable, Sequence
 
-from ..serving.protocol import error_body, parse_error
+from aiohttp import web
 
-LOAD_PATH = "/v1/load_lora_adapter"
-UNLOAD_PATH = "/v1/unload_lora_adapter"
-NOT_VISIBLE = "No adapter found"  # vLLM's 404 for a directory its mount has not seen yet
-ALREADY_LOADED = "has already been loaded"
-ROLLBACK_ATTEMPTS = 3  # unload tries per replica before a rollback failure is reported
+from ..serving.protocol import RequestError, error_body, loads_json
+from .adapter_loads import load_everywhere, unload_everywhere
+from .config import ProxyConfig
+from .replicas import ReplicaSet
+from .upstream import (
+    LOAD_PATH,
+    UNLOAD_PATH,
+    BroadcastResult,
+    Send,
+    UpstreamError,
+    upstream_message,
+)
 
-
-class UpstreamError(Exception):
-    """No usable HTTP answer from a replica: `status` is what the proxy answers (502, 503, 504)."""
-
-    def __init__(self, status: int, message: str, kind: str):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-Send = Callable[..., Awaitable[tuple[int, str]]]  # (replica, path, body, timeout_s[, method])
-
-
-def upstream_message(text: str) -> str:
-    """The `message` of an error answer (protocol's `parse_error`), shortened."""
-    return parse_error(text)[0][:300]
-
-
-@dataclass
-class BroadcastResult:
-    """What the proxy answers, and what happened on each replica."""
-
-    status: int
-    body: str | dict  # text is relayed as it came (vLLM's plain-text success), dicts as JSON
-    per_replica: dict[str, str] = field(default_factory=dict)
-    retries: int = 0  # "No adapter found" answers that were retried
-    rolled_back: list[str] = field(default_factory=list)  # unloaded again after a failed load
-    rollback_failed: list[str] = field(default_factory=list)  # may still hold the adapter
-    timed_out: bool = False
-
-
-async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, retry_s: float,
-                          timeout_s: float, unload_timeout_s: float = 30.0) -> BroadcastResult:
-    """Load an adapter on every replica or on none (the rules are in the module docstring)."""
-    name = body["lora_name"]
-    deadline = time.monotonic() + timeout_s
-    failed = asyncio.Event()  # set by the first hard failure: the others stop retrying
-    retries = 0
-    previous: dict[str, str | None] = {}  # in place: replica -> the path it held, None: none
-    if body.get("load_inplace") is True:
-        held = await asyncio.gather(*(_held_path(send, r, name, unload_timeout_s)
-                                      for r in replicas))
-        unknown = {r: why for r, (_, why) in zip(replicas, held) if why}
-        if unknown:
-            message = (f"in-place load of '{name}' refused before it began: what the replicas "
-                       f"hold now could not be read, so a failure could not be undone: {unknown}")
-            return BroadcastResult(502, error_body(message, 502),
-                                   {r: f"not read: {why}" for r, why in unknown.items()})
-        previous = {r: path for r, (path, _) in zip(replicas, held)}
-
-    async def one(replica: str) -> tuple[str, int, str]:
-        """-> (state, status, text); state: ok, present, failed, lost, timeout or aborted."""
-        nonlocal retries
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout", 504, f"still '{NOT_VISIBLE}' at the deadline"
-            try:
-                status, text = await send(replica, LOAD_PATH, body, remaining)
-            except UpstreamError as exc:  # the answer is lost: it may have loaded it or not
-                failed.set()  # its timeout was the time left: a timeout means the deadline
-                return ("timeout" if exc.kind == "timeout" else "lost"), exc.status, exc.message
-            if 200 <= status < 300:
-                return "ok", status, text
-            if status == 400 and ALREADY_LOADED in text:
-                conflict = await _held_elsewhere(send, replica, name, body["lora_path"],
-                                                 max(deadline - time.monotonic(), 1.0))
-                if not conflict:
-                    return "present", status, text
-                failed.set()
-                return "failed", 400, json.dumps(error_body(conflict, 400, "InvalidUserInput"))
-            if status == 404 and NOT_VISIBLE in text:  # its mount has not caught up: wait
-                retries += 1
-                wait = min(retry_s, deadline - time.monotonic())
-                if wait > 0:
-                    try:  # sleep, but wake at once if another replica failed for good
-                        await asyncio.wait_for(failed.wait(), wait)
-                    except TimeoutError:
-                        pass
-                if failed.is_set():
-                    return "aborted", status, text
-                continue
-            failed.set()
-            return "failed", status, text
-
-    outcomes = dict(zip(replicas, await asyncio.gather(*(one(r) for r in replicas))))
-    states = {r: state for r, (state, _, _) in outcomes.items()}
-    per_replica = {r: f"{state}: {upstream_message(text)}" if state != "ok" else "ok"
-                   for r, (state, _, text) in outcomes.items()}
-    if all(s in ("ok", "present") for s in states.values()):
-        if "ok" in states.values():
-            text = next(t for s, _, t in outcomes.values() if s == "ok")
-            return BroadcastResult(200, text, per_replica, retries)
-        return BroadcastResult(200, f"Success: LoRA adapter '{name}' was already loaded from "
-                               f"{body['lora_path']} on every replica.", per_replica, retries)
-
-    # Roll back: unload wherever it may have been loaded by this call (in place: load the
-    # previous adapter again where there was one).
-    undo = [r for r, s in states.items() if s in ("ok", "lost", "timeout")]
-    restore = {r: previous[r] for r in undo if previous.get(r)}
-    rolled_back, rollback_failed = await _unload(
-        send, [r for r in undo if r not in restore], name, retry_s, unload_timeout_s)
-    restored, restore_failed = await _restore(send, restore, name, retry_s, unload_timeout_s)
-    rolled_back, rollback_failed = rolled_back + restored, rollback_failed + restore_failed
-    rolled = f"; rolled back on {rolled_back}" if rolled_back else ""
-    stuck = (f"; ROLLBACK FAILED on {rollback_failed} (the adapter may still be loaded there)"
-             if rollback_failed else "")
-    hard = [(r, st, t) for r, (s, st, t) in outcomes.items() if s in ("failed", "lost")]
-    if hard:  # the first replica that failed for good names the status
-        replica, status, text = hard[0]
-        message = (f"loading adapter '{name}' failed on {replica}: {upstream_message(text)}"
-                   f"{rolled}{stuck}")
-        err_type = None
-        if status < 502:  # an HTTP answer: keep its status and type (400 stays 400, 500 stays 500)
-            err_type = parse_error(text)[1]
-        return BroadcastResult(status, error_body(message, status, err_type), per_replica,
-                               retries, rolled_back, rollback_failed)
-    waiting = {r: text for r, (s, _, text) in outcomes.items() if s == "timeout"}
-    message = (f"adapter '{name}' was not loaded on every replica within {timeout_s} s "
-               f"(retried every {retry_s} s): {waiting}{rolled}{stuck}")
-    return BroadcastResult(504, error_body(message, 504), per_replica, retries, rolled_back,
-                           rollback_failed, timed_out=True)
-
-
-async def _held_path(send: Send, replica: str, name: str,
-                     timeout_s: float) -> tuple[str | None, str]:
-    """(the path `replica` holds adapter `name` from, or None if it holds none; '') or
-    (None, why its /v1/models could not tell)."""
-    try:
-        status, text = await send(replica, "/v1/models", None, timeout_s, "GET")
-        if status != 200:
-            return None, f"/v1/models answered {status}"
-        cards = json.loads(text)["data"]
-        return next((c.get("root") for c in cards if c.get("id") == name), None), ""
-    except UpstreamError as exc:
-        return None, exc.message
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"/v1/models is not a model list ({exc})"
-
-
-async def _restore(send: Send, previous: dict[str, str], name: str, retry_s: float,
-                   timeout_s: float) -> tuple[list[str], list[str]]:
-    """Load `name` in place from each replica's previous path again (an in-place load's
-    rollback), retrying a few times. Returns (restored, failed) replicas."""
-
-    async def one(replica: str) -> bool:
-        body = {"lora_name": name, "lora_path": previous[replica], "load_inplace": True}
-        for attempt in range(ROLLBACK_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(retry_s)
-            try:
-                status, _ = await send(replica, LOAD_PATH, body, timeout_s)
-            except UpstreamError:
-                continue
-            if 200 <= status < 300:
-                return True
-        return False
-
-    done = dict(zip(previous, await asyncio.gather(*(one(r) for r in previous))))
-    return [r for r, ok in done.items() if ok], [r for r, ok in done.items() if not ok]
-
-
-async def _held_elsewhere(send: Send, replica: str, name: str, path: str,
-                          timeout_s: float) -> str:
-    """'' if `replica` holds adapter `name` from `path` (its /v1/models card's `root`), else
-    why the load must fail."""
-    try:
-        status, text = await send(replica, "/v1/models", None, timeout_s, "GET")
-        cards = json.loads(text)["data"] if status == 200 else None
-        held = next((c.get("root") for c in cards if c.get("id") == name), None)
-    except UpstreamError as exc:
-        return f"{replica} says '{name}' is already loaded; its /v1/models: {exc.message}"
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return (f"{replica} says '{name}' is already loaded, and its /v1/models (status "
-                f"{status}) does not say from where")
-    if isinstance(held, str) and os.path.normpath(held) == os.path.normpath(path):
-        return ""
-    return (f"{replica} already holds an adapter named '{name}' loaded from {held}, not from "
-            f"{path}: it would serve that one. Publish under a new name, or unload '{name}' "
-            "first")
+BROADCAST_PATHS = ("/pause", "/resume", "/reset_prefix_cache", LOAD_PATH, UNLOAD_PATH)
 
 
 async def broadcast(send: Send, replicas: Sequence[str], path: str, body: dict | None,
@@ -249,52 +59,100 @@ async def broadcast(send: Send, replicas: Sequence[str], path: str, body: dict |
     return BroadcastResult(502, error_body(message, 502), per_replica)
 
 
-async def unload_everywhere(send: Send, replicas: Sequence[str], body: dict, *,
-                            retry_s: float, timeout_s: float = 30.0) -> BroadcastResult:
-    """Unload an adapter from every replica. 404 on some replicas is fine (already gone there);
-    404 on all is relayed (unknown name); other failures are retried, then reported (502)."""
-    name = body["lora_name"]
-    removed, failed = await _unload(send, list(replicas), name, retry_s, timeout_s, keep=True)
-    per_replica = {r: "removed" if r in removed else "absent" for r in replicas}
-    per_replica.update({r: f"failed: {why}" for r, why in failed.items()})
-    if failed:
-        replica, why = next(iter(failed.items()))
-        message = (f"unloading adapter '{name}' failed on {replica}: {why} (removed on "
-                   f"{removed}); the name may still be loaded there, retry the unload")
-        return BroadcastResult(502, error_body(message, 502), per_replica)
-    if not removed:
-        message = f"The lora adapter '{name}' cannot be found."
-        return BroadcastResult(404, error_body(message, 404), per_replica)
-    return BroadcastResult(200, f"Success: LoRA adapter '{name}' removed successfully.",
-                           per_replica)
+class Broadcaster:
+    """Pause, resume, load and unload on every replica in routing, and their counters. The
+    answers the proxy makes itself come from `error` (counted by the proxy)."""
 
+    def __init__(self, config: ProxyConfig, replicas: ReplicaSet,
+                 error: Callable[..., web.Response]):
+        self.config = config
+        self.replicas = replicas
+        self.error = error  # (status, message, kind, replica=None, param=None) -> response
+        self.counters = {
+            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in BROADCAST_PATHS},
+            "retries": 0, "rollbacks": 0, "rollback_failures": 0, "load_timeouts": 0,
+        }
 
-async def _unload(send: Send, replicas: list[str], name: str, retry_s: float, timeout_s: float,
-                  keep: bool = False):
-    """Unload `name` on each replica, retrying failures a few times. Returns (removed, failed):
-    the replicas that answered 2xx, and {replica: reason} (a list of names unless `keep`)."""
+    async def adapter_op(self, request: web.Request) -> web.Response:
+        """Load or unload on every replica, one operation per adapter name at a time."""
+        load = request.path == LOAD_PATH
+        try:
+            body = loads_json(await request.read())
+        except RequestError as exc:
+            return self.error(400, exc.message, "bad_request")
+        body = body if isinstance(body, dict) else {}
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not (isinstance(name, str) and name) or (load and not (isinstance(path, str) and path)):
+            message = ("Both 'lora_name' and 'lora_path' must be provided." if load else
+                       "'lora_name' needs to be provided to unload a LoRA adapter.")
+            return self.error(400, message, "bad_request")
+        self.counters["broadcasts"][request.path.rsplit("/", 1)[1]] += 1
+        # shield: a client that hangs up must not cut a load in half (no partial fleet)
+        result = await asyncio.shield(asyncio.ensure_future(self._adapter_op(load, name, body)))
+        return self._broadcast_answer(result)
 
-    async def one(replica: str) -> tuple[str, str]:
-        why = ""
-        for attempt in range(ROLLBACK_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(retry_s)
-            try:
-                status, text = await send(replica, UNLOAD_PATH, {"lora_name": name}, timeout_s)
-            except UpstreamError as exc:
-                why = exc.message
-                continue
-            if 200 <= status < 300:
-                return "removed", ""
-            if status == 404:
-                return "absent", ""
-            why = f"{status} {upstream_message(text)}"
-            if 400 <= status < 500:
-                break  # a 4xx will not change on a retry
-        return "failed", why
+    async def _broadcast_send(self, replica: str, path: str, body: dict | None,
+                              timeout_s: float, method: str = "POST") -> tuple[int, str]:
+        """`ReplicaSet.send` for broadcasts: refused connections count towards taking the
+        replica out, so a retry of the broadcast goes to the replicas that are left."""
+        try:
+            return await self.replicas.send(replica, path, body, timeout_s, method)
+        except UpstreamError as exc:
+            if exc.kind == "connect":
+                self.replicas.refused(replica, exc.message)
+            raise
 
-    results = dict(zip(replicas, await asyncio.gather(*(one(r) for r in replicas))))
-    removed = [r for r, (state, _) in results.items() if state == "removed"]
-    failed = {r: why for r, (state, why) in results.items() if state == "failed"}
-    return removed, (failed if keep else list(failed))
+    async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
+        async with self.replicas.adapter_lock(name):
+            cfg = self.config
+            replicas = self.replicas.up()
+            if not replicas:
+                return BroadcastResult(503, error_body(
+                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
+            if not load:
+                return await unload_everywhere(self._broadcast_send, replicas, body,
+                                               retry_s=cfg.lora_retry_s,
+                                               timeout_s=cfg.control_timeout_s)
+            result = await load_everywhere(self._broadcast_send, replicas, body,
+                                           retry_s=cfg.lora_retry_s,
+                                           timeout_s=cfg.lora_load_timeout_s,
+                                           unload_timeout_s=cfg.control_timeout_s)
+        self.counters["retries"] += result.retries
+        self.counters["rollbacks"] += bool(result.rolled_back)
+        self.counters["rollback_failures"] += len(result.rollback_failed)
+        self.counters["load_timeouts"] += result.timed_out
+        if result.status != 200:
+            print(f"grpo-lab proxy: load of {name!r} -> {result.status}: {result.per_replica}",
+                  file=sys.stderr)
+        return result
 
+    @staticmethod
+    def _broadcast_answer(result: BroadcastResult) -> web.Response:
+        if isinstance(result.body, dict):
+            return web.json_response(result.body, status=result.status)
+        ctype = "application/json" if result.body.lstrip()[:1] in ("{", "[") else "text/plain"
+        return web.Response(text=result.body, status=result.status, content_type=ctype)
+
+    async def to_every_replica(self, request: web.Request) -> web.Response:
+        """/pause, /resume, /reset_prefix_cache: the same call to every replica in routing.
+        A /pause or /resume that succeeds is the fleet's pause state, which a replica that
+        comes back is brought to (`ReplicaSet._resync_pause`)."""
+        self.counters["broadcasts"][request.path.lstrip("/")] += 1
+        if not self.replicas.up():
+            return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
+                              "no_replica")
+        result = await asyncio.shield(asyncio.ensure_future(
+            self._to_every_replica(request.path, request.path_qs)))
+        return self._broadcast_answer(result)
+
+    async def _to_every_replica(self, path: str, path_qs: str) -> BroadcastResult:
+        async with self.replicas.pause_lock:  # no replica comes back halfway through
+            replicas = self.replicas.up()
+            if not replicas:
+                return BroadcastResult(503, error_body(
+                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
+            result = await broadcast(self._broadcast_send, replicas, path_qs, None,
+                                     self.config.request_timeout_s)
+            if path in ("/pause", "/resume") and 200 <= result.status < 300:
+                self.replicas.pause_state = path_qs
+            return result

@@ -23,11 +23,11 @@ import aiohttp
 from aiohttp import web
 
 from ..serving.protocol import RequestError, loads_json
-from .broadcast import UpstreamError
 from .config import ProxyConfig
 from .prompt_keys import routing_keys
 from .replicas import ReplicaSet, transport_error
 from .router import NoReplicaAvailable, PrefixRouter
+from .upstream import UpstreamError
 
 
 def _looks_like_json_object(data: bytes) -> bool:

@@ -32,27 +32,12 @@ import weakref
 
 import aiohttp
 
-from .broadcast import LOAD_PATH, UNLOAD_PATH, UpstreamError
 from .config import ProxyConfig
-from .http_pool import ConnectFailed, ConnectionPool, InvalidResponse
+from .http_pool import ConnectionPool
 from .router import PrefixRouter
+from .upstream import LOAD_PATH, UNLOAD_PATH, UpstreamError, transport_error
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-def transport_error(replica: str, exc: BaseException, timeout_s: float) -> UpstreamError:
-    """A failed call with no HTTP answer -> what the proxy answers (kind drives what it does)."""
-    if isinstance(exc, ConnectFailed | aiohttp.ConnectionTimeoutError |
-                  aiohttp.ClientConnectorError):
-        return UpstreamError(503, f"cannot connect to replica {replica}: {exc}", "connect")
-    if isinstance(exc, TimeoutError):
-        return UpstreamError(504, f"replica {replica} did not answer within {timeout_s:g} s",
-                             "timeout")
-    if isinstance(exc, InvalidResponse):
-        return UpstreamError(502, f"replica {replica} sent an invalid HTTP response: {exc}",
-                             "closed")
-    return UpstreamError(502, f"replica {replica} closed the connection before answering "
-                         f"({type(exc).__name__}: {exc})", "closed")
 
 
 class ReplicaSet:

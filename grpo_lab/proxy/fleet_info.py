@@ -1,13 +1,5 @@
-"""The proxy's control routes (grpo_lab.proxy.app): broadcasts, and the fleet as one server.
+"""The fleet presented as one server (grpo_lab.proxy.app): `FleetInfo`.
 
-`Broadcaster`, the requests that change the replicas' state:
-    POST /pause, /resume              sent to every replica in routing
-    POST /reset_prefix_cache          every replica in routing (each one's prefix cache flushed)
-    POST /v1/load_lora_adapter        every replica in routing or none (grpo_lab.proxy.broadcast);
-                                      one operation per adapter name at a time
-    POST /v1/unload_lora_adapter      every replica in routing
-
-`FleetInfo`, the fleet presented as one server:
     GET  /health, GET|POST /ping      200 only if every replica answers 200 (/ping is vLLM's alias)
     GET  /server_info, /v1/models     from one healthy replica; data_parallel_size 1
     GET  /get_world_size              {"world_size": tensor x pipeline parallel size of one
@@ -23,11 +15,6 @@
                                       replica, not the fleet; sync LoRA adapters through
                                       /v1/load_lora_adapter instead), with or without a
                                       trailing slash, whatever the method
-
-A broadcast goes to the replicas in routing; one that is down catches up when it comes back
-(`ReplicaSet`'s resync, grpo_lab.proxy.replicas): the adapters, and the pause state that the
-last /pause or /resume left. Loads and pause/resume are shielded: a client that hangs up does
-not cut them in half.
 """
 
 from __future__ import annotations
@@ -36,25 +23,15 @@ import asyncio
 import itertools
 import json
 import re
-import sys
 from collections.abc import Callable
 
 from aiohttp import web
 
-from ..serving.protocol import RequestError, error_body, loads_json
-from .broadcast import (
-    LOAD_PATH,
-    UNLOAD_PATH,
-    BroadcastResult,
-    UpstreamError,
-    broadcast,
-    load_everywhere,
-    unload_everywhere,
-)
+from ..serving.protocol import error_body
 from .config import ProxyConfig
 from .replicas import ReplicaSet
+from .upstream import UpstreamError
 
-BROADCAST_PATHS = ("/pause", "/resume", "/reset_prefix_cache", LOAD_PATH, UNLOAD_PATH)
 WEIGHT_TRANSFER_PATHS = ("/init_weight_transfer_engine", "/start_weight_update",
                          "/update_weights", "/finish_weight_update")
 ONE_REPLICA_STATE_PATHS = ("/sleep", "/wake_up", "/collective_rpc", "/scale_elastic_ep")
@@ -65,105 +42,6 @@ READ_ONLY_POSTS = ("/tokenize", "/detokenize", "/v1/embeddings", "/pooling", "/c
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
 """Headers that describe one connection, not the message: never passed through."""
-
-
-class Broadcaster:
-    """Pause, resume, load and unload on every replica in routing, and their counters. The
-    answers the proxy makes itself come from `error` (counted by the proxy)."""
-
-    def __init__(self, config: ProxyConfig, replicas: ReplicaSet,
-                 error: Callable[..., web.Response]):
-        self.config = config
-        self.replicas = replicas
-        self.error = error  # (status, message, kind, replica=None, param=None) -> response
-        self.counters = {
-            "broadcasts": {p.rsplit("/", 1)[1]: 0 for p in BROADCAST_PATHS},
-            "retries": 0, "rollbacks": 0, "rollback_failures": 0, "load_timeouts": 0,
-        }
-
-    async def adapter_op(self, request: web.Request) -> web.Response:
-        """Load or unload on every replica, one operation per adapter name at a time."""
-        load = request.path == LOAD_PATH
-        try:
-            body = loads_json(await request.read())
-        except RequestError as exc:
-            return self.error(400, exc.message, "bad_request")
-        body = body if isinstance(body, dict) else {}
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not (isinstance(name, str) and name) or (load and not (isinstance(path, str) and path)):
-            message = ("Both 'lora_name' and 'lora_path' must be provided." if load else
-                       "'lora_name' needs to be provided to unload a LoRA adapter.")
-            return self.error(400, message, "bad_request")
-        self.counters["broadcasts"][request.path.rsplit("/", 1)[1]] += 1
-        # shield: a client that hangs up must not cut a load in half (no partial fleet)
-        result = await asyncio.shield(asyncio.ensure_future(self._adapter_op(load, name, body)))
-        return self._broadcast_answer(result)
-
-    async def _broadcast_send(self, replica: str, path: str, body: dict | None,
-                              timeout_s: float, method: str = "POST") -> tuple[int, str]:
-        """`ReplicaSet.send` for broadcasts: refused connections count towards taking the
-        replica out, so a retry of the broadcast goes to the replicas that are left."""
-        try:
-            return await self.replicas.send(replica, path, body, timeout_s, method)
-        except UpstreamError as exc:
-            if exc.kind == "connect":
-                self.replicas.refused(replica, exc.message)
-            raise
-
-    async def _adapter_op(self, load: bool, name: str, body: dict) -> BroadcastResult:
-        async with self.replicas.adapter_lock(name):
-            cfg = self.config
-            replicas = self.replicas.up()
-            if not replicas:
-                return BroadcastResult(503, error_body(
-                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
-            if not load:
-                return await unload_everywhere(self._broadcast_send, replicas, body,
-                                               retry_s=cfg.lora_retry_s,
-                                               timeout_s=cfg.control_timeout_s)
-            result = await load_everywhere(self._broadcast_send, replicas, body,
-                                           retry_s=cfg.lora_retry_s,
-                                           timeout_s=cfg.lora_load_timeout_s,
-                                           unload_timeout_s=cfg.control_timeout_s)
-        self.counters["retries"] += result.retries
-        self.counters["rollbacks"] += bool(result.rolled_back)
-        self.counters["rollback_failures"] += len(result.rollback_failed)
-        self.counters["load_timeouts"] += result.timed_out
-        if result.status != 200:
-            print(f"grpo-lab proxy: load of {name!r} -> {result.status}: {result.per_replica}",
-                  file=sys.stderr)
-        return result
-
-    @staticmethod
-    def _broadcast_answer(result: BroadcastResult) -> web.Response:
-        if isinstance(result.body, dict):
-            return web.json_response(result.body, status=result.status)
-        ctype = "application/json" if result.body.lstrip()[:1] in ("{", "[") else "text/plain"
-        return web.Response(text=result.body, status=result.status, content_type=ctype)
-
-    async def to_every_replica(self, request: web.Request) -> web.Response:
-        """/pause, /resume, /reset_prefix_cache: the same call to every replica in routing.
-        A /pause or /resume that succeeds is the fleet's pause state, which a replica that
-        comes back is brought to (`ReplicaSet._resync_pause`)."""
-        self.counters["broadcasts"][request.path.lstrip("/")] += 1
-        if not self.replicas.up():
-            return self.error(503, f"no replica is up ({self.replicas.down_reasons})",
-                              "no_replica")
-        result = await asyncio.shield(asyncio.ensure_future(
-            self._to_every_replica(request.path, request.path_qs)))
-        return self._broadcast_answer(result)
-
-    async def _to_every_replica(self, path: str, path_qs: str) -> BroadcastResult:
-        async with self.replicas.pause_lock:  # no replica comes back halfway through
-            replicas = self.replicas.up()
-            if not replicas:
-                return BroadcastResult(503, error_body(
-                    f"no replica is up ({self.replicas.down_reasons})", 503), {})
-            result = await broadcast(self._broadcast_send, replicas, path_qs, None,
-                                     self.config.request_timeout_s)
-            if path in ("/pause", "/resume") and 200 <= result.status < 300:
-                self.replicas.pause_state = path_qs
-            return result
 
 
 class FleetInfo:
