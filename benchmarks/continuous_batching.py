@@ -35,8 +35,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from grpo_lab.core.generation import sampling_config  # noqa: E402
+from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
 from grpo_lab.core.tasks import make_task  # noqa: E402
-from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
+from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.serving.client import InferenceClient  # noqa: E402
 from grpo_lab.serving.process import start_server_process  # noqa: E402
 

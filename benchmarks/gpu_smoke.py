@@ -52,7 +52,8 @@ from grpo_lab.core.config import GRPOConfig  # noqa: E402
 from grpo_lab.core.devices import DTYPES, resolve_device  # noqa: E402
 from grpo_lab.core.generation import Completions  # noqa: E402
 from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
-from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
+from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
 from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
 from grpo_lab.rollout.http_generator import HTTPGenerator  # noqa: E402

@@ -44,6 +44,7 @@ import torch  # noqa: E402
 
 from grpo_lab.bucket.adapters import write_random_adapter  # noqa: E402
 from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
+from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
 from grpo_lab.core.sampler_correction import (  # noqa: E402
     IS_MODES,
     sampler_correction_metrics,
@@ -51,7 +52,7 @@ from grpo_lab.core.sampler_correction import (  # noqa: E402
     sampler_kl,
 )
 from grpo_lab.core.tasks import AdditionTask  # noqa: E402
-from grpo_lab.core.tiny_model import load_model_and_tokenizer, tiny_model_path  # noqa: E402
+from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.serving.client import BlockingClient  # noqa: E402
 from grpo_lab.serving.process import start_server_process  # noqa: E402
 from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402

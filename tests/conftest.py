@@ -102,7 +102,7 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_and_tokenizer(tiny_model_dir):
-    from grpo_lab.core.tiny_model import load_model_and_tokenizer
+    from grpo_lab.core.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(tiny_model_dir)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.tiny_model import load_model_and_tokenizer
+from grpo_lab.core.models import load_model_and_tokenizer
 from grpo_lab.train.trainer import GRPOTrainer
 
 

@@ -225,12 +225,12 @@ def test_kv_under_an_adapter_is_cached_for_that_adapter_only(tiny_model_and_toke
 def serve_in_process(monkeypatch, tiny_model_and_tokenizer, check, **config):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from grpo_lab.serving.server import RolloutServer
+    from grpo_lab.serving.server import InferenceServer
 
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     model, tokenizer = tiny_model_and_tokenizer
-    server = RolloutServer(ServeConfig(**config), model=copy.deepcopy(model), tokenizer=tokenizer)
+    server = InferenceServer(ServeConfig(**config), model=copy.deepcopy(model), tokenizer=tokenizer)
 
     async def main():
         async with TestClient(TestServer(server.build_app(), host="127.0.0.1")) as client:

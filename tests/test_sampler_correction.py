@@ -10,13 +10,13 @@ import torch
 
 from grpo_lab.core import grpo_loss as core
 from grpo_lab.core.config import GRPOConfig
+from grpo_lab.core.models import load_model_and_tokenizer
 from grpo_lab.core.sampler_correction import (
     IS_MODES,
     sampler_correction_metrics,
     sampler_importance_weights,
     sampler_kl,
 )
-from grpo_lab.core.tiny_model import load_model_and_tokenizer
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
 from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.generators import LocalGenerator

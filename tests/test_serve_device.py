@@ -60,10 +60,10 @@ def test_serve_takes_device_and_dtype_flags():
 
 
 def test_server_in_bfloat16_reports_its_device_and_matches_the_trainer(tiny_model_dir):
-    from grpo_lab.serving.server import RolloutServer
+    from grpo_lab.serving.server import InferenceServer
 
     torch.set_num_threads(1)
-    server = RolloutServer(ServeConfig(device="cpu", dtype="bfloat16",
+    server = InferenceServer(ServeConfig(device="cpu", dtype="bfloat16",
                                        logprobs_mode="processed_logprobs"))
     info = server.vllm_config()
     assert info["device_config"] == {"device": "cpu"}
@@ -87,9 +87,9 @@ def test_server_in_bfloat16_reports_its_device_and_matches_the_trainer(tiny_mode
 
 
 def test_the_engine_refuses_a_generator_on_another_device(tiny_model_dir):
-    from grpo_lab.serving.server import RolloutServer
+    from grpo_lab.serving.server import InferenceServer
 
-    engine = RolloutServer(ServeConfig(device="cpu")).engine
+    engine = InferenceServer(ServeConfig(device="cpu")).engine
     engine.device = torch.device("cuda")  # as if it served on a GPU: a CPU generator cannot
     seq = Sequence([1, 5], SamplingParams(), None, make_generator(0))
     with pytest.raises(ValueError, match="make_generator"):

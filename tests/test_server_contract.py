@@ -26,7 +26,7 @@ from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.serving.client import BlockingClient, ServerError
 from grpo_lab.serving.config import ServeConfig
 from grpo_lab.serving.process import start_server_process
-from grpo_lab.serving.server import RolloutServer
+from grpo_lab.serving.server import InferenceServer
 from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reason
 from grpo_lab.train.trainer import pad_left, pad_right
 
@@ -463,7 +463,7 @@ def in_process(monkeypatch, tiny_model_and_tokenizer, env: dict, check, **config
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     model, tokenizer = tiny_model_and_tokenizer
-    server = RolloutServer(ServeConfig(**config), model=model, tokenizer=tokenizer)
+    server = InferenceServer(ServeConfig(**config), model=model, tokenizer=tokenizer)
 
     async def main():
         async with TestClient(TestServer(server.build_app(), host="127.0.0.1")) as test_client:
@@ -677,7 +677,7 @@ def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer):
     from grpo_lab.serving.serve_loop import _serve_forever
 
     model, tokenizer = tiny_model_and_tokenizer
-    server = RolloutServer(ServeConfig(port=0), model=model, tokenizer=tokenizer)
+    server = InferenceServer(ServeConfig(port=0), model=model, tokenizer=tokenizer)
 
     def crash(*args):
         raise RuntimeError("simulated: CUDA error: an illegal memory access")

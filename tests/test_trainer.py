@@ -134,7 +134,7 @@ def test_format_step_has_fixed_keys():
 
 def test_any_local_model_path_works_in_place_of_tiny(tiny_model_dir, tmp_path):
     """Nothing assumes the tiny model: a copy saved elsewhere trains the same way."""
-    from grpo_lab.core.tiny_model import load_model_and_tokenizer
+    from grpo_lab.core.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     model.save_pretrained(tmp_path / "other")

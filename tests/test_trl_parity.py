@@ -13,7 +13,11 @@ clip_min) agrees with TRL's own code to 1e-6: weights, `sampling/*` metrics, los
 
 Differences by design, each named and pinned by a test below:
   1. KL bias correction: TRL (default `use_bias_correction_kl=True`) multiplies the k3 KL by the
-     ratio pi_theta / pi_old; grpo_lab does not. Equal at ratio 1; the grid uses False.
+     ratio pi_theta / pi_old; grpo_lab's `grpo_loss` has the option under TRL's name, off by
+     default (DeepSeekMath's k3). The ratio is differentiable: at ratio 1 the losses are equal and
+     the gradients are not (without it the KL term follows the gradient of KL(pi_ref || pi_theta),
+     with it that of KL(pi_theta || pi_ref): notebook 01b). The grid uses False;
+     `test_kl_term_matches_trl` compares the KL term's loss and gradients with both settings.
   2. Position ids: TRL's scoring forward passes none (positions count the left padding);
      grpo_lab passes `cumsum(mask) - 1` as `generate` does. RoPE only sees position
      differences, so Llama's logprobs agree anyway.
@@ -30,6 +34,7 @@ Differences by design, each named and pinned by a test below:
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import warnings
@@ -44,6 +49,7 @@ from trl import GRPOTrainer as TRLTrainer
 
 from grpo_lab.core import grpo_loss as core
 from grpo_lab.core.config import GRPOConfig
+from grpo_lab.core.models import load_model_and_tokenizer
 from grpo_lab.core.rewards import exact_match_reward
 from grpo_lab.core.sampler_correction import (
     sampler_correction_metrics,
@@ -51,7 +57,6 @@ from grpo_lab.core.sampler_correction import (
     sampler_log_ratio,
 )
 from grpo_lab.core.tasks import AdditionTask
-from grpo_lab.core.tiny_model import load_model_and_tokenizer
 from grpo_lab.train.trainer import pad_left, pad_right
 
 TOL = 1e-5  # the issue's bar for losses and metrics
@@ -211,7 +216,8 @@ def trl_inputs(batch, rows=slice(None), *, off_policy: bool, beta: float,
 
 
 def grpo_lab_loss(model, batch, *, off_policy: bool, beta: float, loss_type: str,
-                  epsilon_low: float, epsilon_high: float, max_completion_length=MAX_COMPLETION_LENGTH):
+                  epsilon_low: float, epsilon_high: float, max_completion_length=MAX_COMPLETION_LENGTH,
+                  use_bias_correction_kl: bool = False):
     logps = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                  batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
     old = batch["old_logps"] if off_policy else logps.detach()
@@ -219,6 +225,7 @@ def grpo_lab_loss(model, batch, *, off_policy: bool, beta: float, loss_type: str
         logps, old, batch["advantages"], batch["completion_mask"], loss_type=loss_type,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
         ref_logps=batch["ref_logps"] if beta else None, max_completion_length=max_completion_length,
+        use_bias_correction_kl=use_bias_correction_kl,
     )
 
 
@@ -301,6 +308,29 @@ def test_beta_term_is_not_negligible(model, batch, loss_type):
         with_kl, metrics = grpo_lab_loss(model, batch, beta=BETA, **kwargs)
     assert metrics["kl"] > 0.01
     assert abs(with_kl - without).item() > 100 * TOL
+
+
+@pytest.mark.parametrize("loss_type", core.LOSS_TYPES)
+@pytest.mark.parametrize("off_policy", [False, True], ids=["ratio1", "ratio!=1"])
+@pytest.mark.parametrize("bias_correction", [False, True], ids=["k3", "ratio*k3"])
+def test_kl_term_matches_trl(trainer, model, batch, loss_type, off_policy, bias_correction):
+    """The KL term alone, with and without TRL's `use_bias_correction_kl`: the same loss, `kl`
+    metric and gradients. Advantages 0 make the surrogate and its gradient 0, so the gradients
+    compared are the KL term's, not drowned in the surrogate's."""
+    eps = dict(epsilon_low=0.2, epsilon_high=0.28)
+    batch = dict(batch, advantages=torch.zeros_like(batch["advantages"]))
+    with configured(trainer, loss_type=loss_type, beta=BETA, use_bias_correction_kl=bias_correction,
+                    **eps):
+        trl_loss = trainer._compute_loss(model, trl_inputs(batch, off_policy=off_policy, beta=BETA))
+        ours, metrics = grpo_lab_loss(model, batch, off_policy=off_policy, beta=BETA,
+                                      loss_type=loss_type, use_bias_correction_kl=bias_correction,
+                                      **eps)
+        assert abs(trl_loss.item() - ours.item()) <= TOL, (trl_loss.item(), ours.item())
+        assert last_metric(trainer, "kl") == pytest.approx(metrics["kl"], abs=TOL)
+    trl_grads, our_grads = gradients(model, trl_loss), gradients(model, ours)
+    assert max(g.abs().max().item() for g in our_grads.values()) > 100 * TOL  # a real gradient
+    for name in our_grads:
+        torch.testing.assert_close(trl_grads[name], our_grads[name], atol=TOL, rtol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,36 +605,46 @@ def test_advantages_match(trainer, model, scale_rewards, scale_by_std):
 
 @pytest.mark.parametrize("loss_type", core.LOSS_TYPES)
 def test_difference_kl_bias_correction(trainer, model, batch, loss_type):
-    """1. TRL's default `use_bias_correction_kl=True` weighs the k3 KL by the ratio."""
+    """1. TRL's default `use_bias_correction_kl=True` weighs the k3 KL by the ratio; grpo_lab's
+    default does not. Off-policy the losses differ; at ratio 1 the losses agree, the gradients
+    do not."""
     eps = dict(epsilon_low=0.2, epsilon_high=0.28)
     mask = batch["completion_mask"].float()
-    # The correction adds beta * (ratio - 1) * k3 per token. Built so that it is large whatever the
-    # model: a reference ~1 nat from the policy (k3 ~ 0.6 per token) and old logprobs 0.3 nat
-    # below the current ones (ratio ~ 1.4 on average), not a model-dependent adapter gap.
+    # The correction adds beta * (ratio - 1) * k3 per token to the loss, and beta * k3 * ratio
+    # * d log pi_theta to its gradient. Built so that both are large whatever the model: a
+    # reference ~1 nat from the policy (k3 ~ 0.6 per token) and old logprobs 0.3 nat below the
+    # current ones (ratio ~ 1.4 on average), not a model-dependent adapter gap.
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         current = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                        batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
     noise = torch.randn(current.shape, generator=generator)
     batch = dict(batch, ref_logps=(current + noise) * mask, old_logps=(current - 0.3) * mask)
-    with configured(trainer, loss_type=loss_type, beta=BETA, use_bias_correction_kl=True, **eps), \
-            torch.no_grad():
-        trl_loss = trainer._compute_loss(model, trl_inputs(batch, off_policy=True, beta=BETA))
-        ours, _ = grpo_lab_loss(model, batch, off_policy=True, beta=BETA, loss_type=loss_type, **eps)
-        # TRL's objective rebuilt from grpo_lab's pieces: surrogate + beta * ratio * k3.
-        logps = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
-                                     batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
-        surrogate = core.clipped_surrogate(logps, batch["old_logps"], batch["advantages"], **eps)
-        per_token = surrogate.per_token_loss + BETA * surrogate.ratio * core.k3_kl(logps, batch["ref_logps"])
-        rebuilt = core.aggregate(loss_type, per_token, mask, MAX_COMPLETION_LENGTH)
-        # At ratio 1 the correction is a no-op.
+    kwargs = dict(beta=BETA, loss_type=loss_type, **eps)
+    with configured(trainer, use_bias_correction_kl=True, **kwargs):
+        with torch.no_grad():
+            trl_loss = trainer._compute_loss(model, trl_inputs(batch, off_policy=True, beta=BETA))
+            ours, _ = grpo_lab_loss(model, batch, off_policy=True, **kwargs)
+            corrected, _ = grpo_lab_loss(model, batch, off_policy=True, use_bias_correction_kl=True,
+                                         **kwargs)
         trl_on_policy = trainer._compute_loss(model, trl_inputs(batch, off_policy=False, beta=BETA))
-        ours_on_policy, _ = grpo_lab_loss(model, batch, off_policy=False, beta=BETA,
-                                          loss_type=loss_type, **eps)
-    assert abs(trl_loss - rebuilt).item() <= TOL
-    assert abs(trl_loss - ours).item() > 100 * TOL
+    ours_on_policy, _ = grpo_lab_loss(model, batch, off_policy=False, **kwargs)
+    corrected_on_policy, _ = grpo_lab_loss(model, batch, off_policy=False,
+                                           use_bias_correction_kl=True, **kwargs)
+    assert abs(trl_loss - ours).item() > 100 * TOL  # off-policy: different values
+    assert abs(trl_loss - corrected).item() <= TOL  # grpo_lab's option is TRL's term
+    # At ratio 1: the same value ...
     assert abs(trl_on_policy - ours_on_policy).item() <= TOL
+    # ... and not the same gradient, unless grpo_lab weighs by the ratio too.
+    trl_grads = gradients(model, trl_on_policy)
+    our_grads = gradients(model, ours_on_policy)
+    corrected_grads = gradients(model, corrected_on_policy)
+    gap = max((trl_grads[n] - our_grads[n]).abs().max().item() for n in our_grads)
+    assert gap > 100 * TOL, gap
+    for name in corrected_grads:
+        torch.testing.assert_close(trl_grads[name], corrected_grads[name], atol=TOL, rtol=1e-4)
     assert TRLConfig.__dataclass_fields__["use_bias_correction_kl"].default is True
+    assert inspect.signature(core.grpo_loss).parameters["use_bias_correction_kl"].default is False
 
 
 def test_difference_position_ids(trainer, model, batch):

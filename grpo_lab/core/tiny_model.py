@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from .evaluation import greedy_accuracy
 from .model_build import (
@@ -145,14 +145,3 @@ def tiny_model_path(
                                          num_threads=num_threads),
         rebuild=rebuild,
     )
-
-
-def load_model_and_tokenizer(model: str | Path, device: str = "cpu", dtype=None):
-    """Load any causal LM (a hub id, a local path, or a tiny-model path) and its tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    kwargs = {"dtype": dtype} if dtype is not None else {}
-    lm = AutoModelForCausalLM.from_pretrained(model, **kwargs).to(device)
-    return lm, tokenizer

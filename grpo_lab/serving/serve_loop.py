@@ -15,7 +15,7 @@ from aiohttp import web
 from .config import ServeConfig
 from .engine import Engine
 from .process import READY_MARKER, serve_until_signalled
-from .server import RolloutServer
+from .server import InferenceServer
 
 
 async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | None:
@@ -25,7 +25,7 @@ async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | N
     return engine.error
 
 
-async def _serve_forever(server: RolloutServer) -> int:
+async def _serve_forever(server: InferenceServer) -> int:
     """Serve until SIGTERM or Ctrl-C (returns 0) or until the engine dies (returns 1: a process
     that can generate nothing must end, so that its supervisor sees it and restarts it)."""
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
@@ -53,7 +53,7 @@ async def _serve_forever(server: RolloutServer) -> int:
 def serve(config: ServeConfig) -> None:
     """Load the model and serve until SIGTERM or Ctrl-C; exit with status 1 if the engine dies."""
     os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
-    server = RolloutServer(config)
+    server = InferenceServer(config)
     print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
           f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
           file=sys.stderr, flush=True)

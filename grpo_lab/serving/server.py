@@ -46,13 +46,14 @@ def _json(data, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-class RolloutServer:
+class InferenceServer:
     """The model, the engine, the adapters, and the aiohttp application in front of them."""
 
     def __init__(self, config: ServeConfig, model=None, tokenizer=None):
         import torch
 
-        from ..core.tiny_model import load_model_and_tokenizer, tiny_model_path
+        from ..core.models import load_model_and_tokenizer
+        from ..core.tiny_model import tiny_model_path
 
         self.config = config
         torch.set_num_threads(config.num_threads)

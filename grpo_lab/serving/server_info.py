@@ -15,7 +15,7 @@ them through prometheus_client, which appends `_total` to a counter's name:
     vllm:generation_tokens_total      tokens sampled
 
 Counters only grow; a scraper takes differences between two reads. Every function takes the
-`RolloutServer` (grpo_lab.serving.server) whose state it reports.
+`InferenceServer` (grpo_lab.serving.server) whose state it reports.
 """
 
 from __future__ import annotations

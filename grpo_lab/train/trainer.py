@@ -3,6 +3,7 @@
 Each step follows the algorithm's four stages (DeepSeekMath, Algorithm 1):
 
     Stage 1  sample G completions for each of `prompts_per_step` prompts, keeping their logprobs
+             (with `dynamic_sampling`, DAPO's: more prompts until every group's rewards differ)
     Stage 2  score every completion with the reward function
     Stage 3  turn rewards into group-relative advantages
     Stage 4  `num_iterations` clipped-surrogate updates on that batch
@@ -28,17 +29,24 @@ from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
 from ..core.generation import Completions, generate_completions
-from ..core.grpo_loss import group_advantages, grpo_loss, policy_logprobs
+from ..core.grpo_loss import (
+    group_advantages,
+    grpo_loss,
+    policy_logprobs,
+    policy_logprobs_and_entropy,
+)
+from ..core.models import load_model_and_tokenizer
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
 from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from ..core.tasks import Problem
-from ..core.tiny_model import load_model_and_tokenizer
 from .distributed import Processes
-from .metrics import MetricsLogger
+from .dynamic_sampling import sample_with_signal
+from .metrics import MetricsLogger, format_step
 from .policy_model import prepare_policy, resolve_model_path
 from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from here too)
     RolloutBatch,
+    SampledGroups,
     gather_samples,
     pad_left,
     pad_right,
@@ -65,6 +73,8 @@ class GRPOTrainer:
         if config.prompts_per_step < self.processes.num_processes:
             raise ValueError(f"prompts_per_step ({config.prompts_per_step}) must be at least the "
                              f"number of processes ({self.processes.num_processes})")
+        if config.dynamic_sampling and self.processes.distributed:
+            raise ValueError("dynamic_sampling runs in one process (each would sample apart)")
 
         if model is None:
             path = self.resolve_model_path(config)
@@ -110,21 +120,31 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the algorithm
 
-    def make_batch(self, problems: list[Problem]) -> tuple[RolloutBatch, Completions, dict]:
-        """Stages 1-3: sample, score, and compute advantages for a list of problems; returns the
-        batch, the completions and each reward function's scores."""
-        G = self.config.num_generations
-        # Stage 1: G completions per prompt, with the sampling policy's per-token logprobs.
+    def make_batch(self, problems: list[Problem], sampled: SampledGroups | None = None
+                   ) -> tuple[RolloutBatch, Completions, dict]:
+        """Stages 1-3: sample, score, and compute advantages for a list of problems (`sampled`:
+        theirs, already sampled and scored); returns the batch, the completions and each reward
+        function's scores."""
+        sampled = self.sample(problems) if sampled is None else sampled
+        # Stage 3: group-relative advantages.
+        advantages = group_advantages(sampled.rewards, self.config.num_generations,
+                                      scale_by_std=self.config.scale_rewards)
+        batch = RolloutBatch.from_completions(sampled.out, sampled.rewards, advantages,
+                                              self.tokenizer.pad_token_id)
+        return batch.to(self.device), sampled.out, sampled.parts
+
+    def sample(self, problems: list[Problem]) -> SampledGroups:
+        """Stages 1-2: G completions per problem, with the sampling policy's per-token logprobs,
+        and their rewards."""
         self.model.eval()
         out = generate_completions(
             self.model, self.tokenizer, [p.prompt for p in problems],
-            max_new_tokens=self.max_new_tokens, num_generations=G,
+            max_new_tokens=self.max_new_tokens, num_generations=self.config.num_generations,
             temperature=self.config.temperature, **self.prompt_format,
         )
         self.model.train()
-        rewards, advantages, parts = self.score(problems, out)
-        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
-        return batch.to(self.device), out, parts
+        rewards, _, parts = self.score(problems, out)
+        return SampledGroups(problems, out, rewards, parts)
 
     def score(self, problems: list[Problem], out: Completions
               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -186,8 +206,9 @@ class GRPOTrainer:
         scale, _ = self.processes.loss_scale(cfg.loss_type, batch.completion_mask.shape[0],
                                              int(batch.completion_mask.sum()))
         for iteration in range(cfg.num_iterations):
-            logps = policy_logprobs(self.train_model, batch.prompt_ids, batch.prompt_mask,
-                                    batch.completion_ids, batch.completion_mask, cfg.temperature)
+            logps, entropy = policy_logprobs_and_entropy(
+                self.train_model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                batch.completion_mask, cfg.temperature)
             if cfg.vllm_importance_sampling_correction and iteration == 0:
                 # Before any update the policy is pi_old: its logprobs, fixed for every iteration.
                 old_logps = logps.detach()
@@ -198,7 +219,7 @@ class GRPOTrainer:
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta,
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
-                importance_weights=weights,
+                importance_weights=weights, entropy=entropy,
             )
             if not self.processes.distributed:
                 loss.backward()
@@ -228,7 +249,13 @@ class GRPOTrainer:
         start = time.perf_counter()
         problems = self.task.sample_batch(self.rng, self.config.prompts_per_step)
         problems = self.processes.share(problems)  # every process samples all, keeps its share
-        batch, out, parts = self.make_batch(problems)
+        sampled, sampling = None, {}
+        if self.config.dynamic_sampling:  # DAPO: only groups whose rewards differ
+            sampled, sampling = sample_with_signal(
+                self.sample, lambda: self.task.sample_batch(self.rng, len(problems)), problems,
+                self.config.num_generations, self.config.dynamic_sampling_max_rounds)
+            problems = sampled.problems
+        batch, out, parts = self.make_batch(problems, sampled)
         generated = time.perf_counter()
         metrics = self.optimize(batch)
         done = time.perf_counter()
@@ -243,6 +270,7 @@ class GRPOTrainer:
         self.completion_log.log(self.step_count, problems, out, rewards.cpu(), parts)
         metrics.update(step=self.step_count, **rollout_metrics(rewards, out,
                                                                self.config.num_generations, parts))
+        metrics.update(sampling)
         metrics.update({"perf/generate_s": generated - start,
                         "perf/fwd_bwd_s": done - generated,
                         "perf/step_s": done - start})
@@ -316,15 +344,3 @@ class GRPOTrainer:
                 self.tokenizer.save_pretrained(path)
         self.processes.wait()
         return path
-
-
-LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")
-
-
-def format_step(record: dict, total_steps: int) -> str:
-    """`[step 3/200] reward=0.438 reward_std=... ` with the same keys on every line."""
-    parts = [f"[step {record['step']}/{total_steps}]"]
-    parts += [f"{k.split('/')[-1]}={record[k]:.3f}" for k in LOG_KEYS if k in record]
-    if "eval/accuracy" in record:
-        parts.append(f"eval_acc={record['eval/accuracy']:.3f}")
-    return " ".join(parts)
