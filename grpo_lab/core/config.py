@@ -85,6 +85,15 @@ class GRPOConfig:
     datasets of worked solutions, e.g. 256 for GSM8K)."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities are computed at the same temperature."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): drop the groups whose G rewards are all equal
+    (advantage 0: no learning signal) and sample more prompts until the step has
+    `prompts_per_step` groups whose rewards differ (grpo_lab.train.dynamic_sampling). The
+    synchronous trainer, in one process; costs extra generation, logged as `dynamic_sampling/*`."""
+    dynamic_sampling_max_rounds: int = 3
+    """With dynamic_sampling: at most this many rounds of `prompts_per_step` prompts are sampled
+    per step (DAPO's recipe in verl: `filter_groups.max_num_gen_batches`); a batch still short
+    after them is filled with the last round's zero-signal groups."""
 
     # --- the loss ---
     loss_type: str = "grpo"
@@ -177,7 +186,8 @@ class GRPOConfig:
             problems.append(f"temperature must be > 0 for sampling (got {self.temperature})")
         if self.use_lora and self.lora_rank < 1:
             problems.append(f"lora_rank must be >= 1 (got {self.lora_rank})")
-        for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every"):
+        for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every",
+                     "dynamic_sampling_max_rounds"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -1,6 +1,7 @@
 """The GRPO core, one function per idea.
 
     1. per-token log-probabilities at the sampling temperature      token_logprobs / policy_logprobs
+       (and the policy's entropy there, a metric)                   token_logprobs_and_entropy
     2. group-relative advantages                                     group_advantages
     3. the clipped surrogate with separate low/high epsilon          clipped_surrogate
     4. an optional KL penalty against a reference (k3 estimator)     k3_kl
@@ -38,15 +39,29 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def policy_logprobs(
+def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and the entropy in nats of softmax(logits / T) at each position, from
+    one log-softmax: (B, T, V), (B, T) -> ((B, T), (B, T)).
+
+    The entropy is a metric (no gradient): its mean over completion tokens is TRL's `entropy`.
+    A policy whose entropy falls towards 0 samples the same tokens every time (entropy
+    collapse), and its groups stop differing.
+    """
+    logps = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    with torch.no_grad():
+        entropy = -(logps.exp() * logps).sum(-1)  # H = -sum_v p log p
+    return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def completion_logits(
     model,
     prompt_ids: torch.Tensor,  # (B, P) left padded
     prompt_mask: torch.Tensor,  # (B, P)
     completion_ids: torch.Tensor,  # (B, T) right padded
     completion_mask: torch.Tensor,  # (B, T)
-    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Per-token log-probabilities of the completions under `model`: (B, T)."""
+    """The logits that predict each completion token under `model`: (B, T, V)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     logits = model(
@@ -56,7 +71,21 @@ def policy_logprobs(
     ).logits  # (B, P+T, V)
     # The logit at position t predicts token t+1: keep the T positions that predict the completion.
     T = completion_ids.shape[1]
-    return token_logprobs(logits[:, -T - 1 : -1, :], completion_ids, temperature)
+    return logits[:, -T - 1 : -1, :]
+
+
+def policy_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probabilities of the completions under `model`: (B, T)."""
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return token_logprobs(logits, completion_ids, temperature)
+
+
+def policy_logprobs_and_entropy(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`policy_logprobs` and the policy's per-token entropy, from the same forward: (B, T) each."""
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return token_logprobs_and_entropy(logits, completion_ids, temperature)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,10 +155,12 @@ def clipped_surrogate(
 def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     """KL(pi_theta || pi_ref) per token with the k3 estimator: exp(d) - d - 1, d = ref - logp.
 
-    Unbiased when the tokens are sampled from pi_theta itself (on-policy: at ratio 1; off-policy
-    tokens need the ratio as an importance weight, TRL's `use_bias_correction_kl`), always >= 0
-    and low-variance (Schulman, "Approximating KL divergence", 2020); the estimator GRPO uses
-    (DeepSeekMath eq. 4).
+    Its value is an unbiased estimate on tokens sampled from pi_theta itself, always >= 0 and
+    low-variance (Schulman, "Approximating KL divergence", 2020); the estimator GRPO uses
+    (DeepSeekMath eq. 4). Its gradient is not that of KL(pi_theta || pi_ref): minimised on such
+    tokens it follows the gradient of KL(pi_ref || pi_theta) (notebook 01b derives it). Weighing
+    it by the ratio pi_theta / pi_old (`grpo_loss(..., use_bias_correction_kl=True)`, TRL's
+    option) gives the gradient of KL(pi_theta || pi_ref), even at ratio 1.
     """
     delta = ref_logps - logps
     return torch.exp(delta) - delta - 1
@@ -192,6 +223,8 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     max_completion_length: int | None = None,
     importance_weights: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The full GRPO objective: surrogate (x importance weight) (+ beta * KL), aggregated;
     returns (loss, metrics).
@@ -199,6 +232,11 @@ def grpo_loss(
     `importance_weights`, (B, T) or (B, 1), detached: pi_old / pi_sampler truncated or masked
     (grpo_lab.core.sampler_correction.sampler_importance_weights). They weigh the surrogate
     only, not the KL term, as in TRL's GRPOTrainer. None = no correction.
+    `entropy`, (B, T), the policy's per-token entropy (token_logprobs_and_entropy), is only
+    logged: its mean over completion tokens is TRL's `entropy` metric.
+    `use_bias_correction_kl` (TRL's name): weigh the k3 KL by the ratio pi_theta / pi_old. The
+    ratio is differentiable, so this changes the KL term's gradient even where its value is 1
+    (see `k3_kl`); the logged `kl` is then the weighted one, as TRL logs it.
     """
     mask = mask.to(logps.dtype)
     surrogate = clipped_surrogate(logps, old_logps, advantages, epsilon_low, epsilon_high)
@@ -211,9 +249,13 @@ def grpo_loss(
         if ref_logps is None:
             raise ValueError("beta > 0 needs ref_logps")
         kl = k3_kl(logps, ref_logps)
+        if use_bias_correction_kl:  # value unchanged at ratio 1; gradient + kl * d log pi_theta
+            kl = kl * surrogate.ratio
         per_token_loss = per_token_loss + beta * kl
         metrics["kl"] = masked_mean(kl, mask).item()
     loss = aggregate(loss_type, per_token_loss, mask, max_completion_length or mask.shape[1])
+    if entropy is not None:
+        metrics["entropy"] = masked_mean(entropy, mask).item()
     metrics["ratio"] = masked_mean(surrogate.ratio, mask).item()
     metrics["clip_ratio/low_mean"] = masked_mean(surrogate.low_clipped.float(), mask).item()
     metrics["clip_ratio/high_mean"] = masked_mean(surrogate.high_clipped.float(), mask).item()

@@ -67,6 +67,8 @@ class AsyncGRPOConfig(GRPOConfig):
             problems.append("pack_sequences needs a token_budget")
         if self.trainer_idle_threads is not None and self.trainer_idle_threads < 1:
             problems.append(f"trainer_idle_threads must be >= 1 (got {self.trainer_idle_threads})")
+        if self.dynamic_sampling:
+            problems.append("dynamic_sampling is implemented by the synchronous GRPOTrainer only")
         if problems:
             raise ValueError("invalid AsyncGRPOConfig: " + "; ".join(problems))
 

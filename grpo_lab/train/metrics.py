@@ -1,4 +1,5 @@
-"""Metrics: one JSON object per step in `metrics.jsonl`, and plot functions that read them.
+"""Metrics: one JSON object per step in `metrics.jsonl`, the one-line progress print
+(`format_step`), and plot functions that read them.
 
 Names follow TRL's GRPOTrainer so that a learner can read either library's logs; every name is
 explained once in grpo_lab.train.glossary.METRICS.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from ..core.jsonl import read_jsonl
 
 
 class MetricsLogger:
@@ -27,12 +30,24 @@ class MetricsLogger:
                 f.write(json.dumps(record) + "\n")
 
 
+LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")
+
+
+def format_step(record: dict, total_steps: int) -> str:
+    """`[step 3/200] reward=0.438 reward_std=... ` with the same keys on every line."""
+    parts = [f"[step {record['step']}/{total_steps}]"]
+    parts += [f"{k.split('/')[-1]}={record[k]:.3f}" for k in LOG_KEYS if k in record]
+    if "eval/accuracy" in record:
+        parts.append(f"eval_acc={record['eval/accuracy']:.3f}")
+    return " ".join(parts)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """Records of a metrics.jsonl file (a run folder's is `<run>/metrics.jsonl`)."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def series(records: Iterable[dict], key: str, x: str = "step") -> tuple[list, list]:

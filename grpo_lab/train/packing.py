@@ -29,7 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.grpo_loss import grpo_loss, policy_logprobs, token_logprobs
+from ..core.grpo_loss import (
+    completion_logits,
+    grpo_loss,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 
 @dataclass
@@ -52,8 +57,16 @@ class MicroBatch(ABC):
         return int(self.completion_mask.sum())
 
     @abstractmethod
+    def logits(self, model) -> torch.Tensor:
+        """The logits that predict each completion token under `model`: (n, C, V)."""
+
     def logprobs(self, model, temperature: float) -> torch.Tensor:
         """Per-token log-probabilities of the completions under `model`: (n, C)."""
+        return token_logprobs(self.logits(model), self.completion_ids, temperature)
+
+    def logprobs_and_entropy(self, model, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` and the policy's per-token entropy, from the same forward: (n, C) each."""
+        return token_logprobs_and_entropy(self.logits(model), self.completion_ids, temperature)
 
 
 @dataclass
@@ -61,9 +74,9 @@ class PaddedMicroBatch(MicroBatch):
     prompt_ids: torch.Tensor = None  # (n, P) left padded, trimmed to this micro-batch's longest
     prompt_mask: torch.Tensor = None
 
-    def logprobs(self, model, temperature: float) -> torch.Tensor:
-        return policy_logprobs(model, self.prompt_ids, self.prompt_mask, self.completion_ids,
-                               self.completion_mask, temperature)
+    def logits(self, model) -> torch.Tensor:
+        return completion_logits(model, self.prompt_ids, self.prompt_mask, self.completion_ids,
+                                 self.completion_mask)
 
 
 @dataclass
@@ -74,11 +87,10 @@ class PackedMicroBatch(MicroBatch):
     gather_rows: torch.Tensor = None  # (n, C) row of the logit predicting each completion token
     gather_cols: torch.Tensor = None  # (n, C) its position in the row
 
-    def logprobs(self, model, temperature: float) -> torch.Tensor:
+    def logits(self, model) -> torch.Tensor:
         logits = model(input_ids=self.input_ids, attention_mask=self.attention_mask,
                        position_ids=self.position_ids).logits  # (R, L, V)
-        picked = logits[self.gather_rows, self.gather_cols]  # (n, C, V)
-        return token_logprobs(picked, self.completion_ids, temperature)
+        return logits[self.gather_rows, self.gather_cols]  # (n, C, V)
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -264,12 +276,12 @@ def accumulate_grpo_loss(
                  else mb.num_sequences / num_sequences) if real else 0.0
         # Several processes: gradients sync once, after the last pass.
         with processes.no_sync(model, sync=k == passes - 1) if distributed else nullcontext():
-            logps = mb.logprobs(model, temperature)
+            logps, entropy = mb.logprobs_and_entropy(model, temperature)
             loss, mb_metrics = grpo_loss(
                 logps, mb.old_logps, mb.advantages, mb.completion_mask, loss_type=loss_type,
                 epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
                 ref_logps=None if ref_logps is None else ref_logps[k if real else 0],
-                max_completion_length=max_len,
+                max_completion_length=max_len, entropy=entropy,
             )
             if backward and not distributed:
                 (loss * share).backward()

@@ -1,5 +1,6 @@
-"""One step's rollouts as the trainer holds them: padded tensors (`RolloutBatch`), the step's
-reward and completion metrics (TRL's names), and the step gathered from every trainer process."""
+"""One step's rollouts as the trainer holds them: scored groups (`SampledGroups`), padded tensors
+(`RolloutBatch`), the step's reward and completion metrics (TRL's names), and the step gathered
+from every trainer process."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from ..core.generation import Completions
 from ..core.reward_set import RewardSet
+from ..core.tasks import Problem
 from .distributed import Processes
 
 
@@ -26,6 +28,39 @@ def pad_right(rows: list[list], pad) -> tuple[torch.Tensor, torch.Tensor]:
     values = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     return values, mask
+
+
+def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) rewards -> (B / G,) bool: True for a group whose G rewards are all equal (advantage 0
+    for each: no learning signal)."""
+    return rewards.view(-1, group_size).std(dim=1) == 0
+
+
+@dataclass
+class SampledGroups:
+    """Problems with their G completions each and the completions' rewards: Stages 1-2's output,
+    prompt-major (group k is rows k*G .. k*G+G-1)."""
+
+    problems: list[Problem]
+    out: Completions
+    rewards: torch.Tensor  # (B,)
+    parts: dict[str, torch.Tensor]  # each reward function's scores, (B,) each
+
+    def groups(self, keep: list[int]) -> SampledGroups:
+        """The groups `keep` (indices into `problems`), in that order."""
+        G = len(self.out) // max(len(self.problems), 1)
+        rows = torch.tensor([k * G + j for k in keep for j in range(G)], dtype=torch.long)
+        return SampledGroups([self.problems[k] for k in keep],
+                             Completions.concat([self.out[k * G:(k + 1) * G] for k in keep]),
+                             self.rewards[rows], {n: v[rows] for n, v in self.parts.items()})
+
+    @classmethod
+    def concat(cls, parts: list[SampledGroups]) -> SampledGroups:
+        """Several SampledGroups as one, in the order given (all with the same reward names)."""
+        return cls([p for part in parts for p in part.problems],
+                   Completions.concat([part.out for part in parts]),
+                   torch.cat([part.rewards for part in parts]),
+                   {n: torch.cat([part.parts[n] for part in parts]) for n in parts[0].parts})
 
 
 @dataclass
@@ -67,12 +102,14 @@ def rollout_metrics(rewards: torch.Tensor, out: Completions, group_size: int,
                     parts: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """Reward and completion metrics of one step's rollouts (TRL's names), and each reward
     function's mean and std (`rewards/<name>/mean`)."""
-    grouped = rewards.view(-1, group_size)
+    lengths = [len(ids) for ids in out.completion_ids]
     return {
         **RewardSet.metrics(parts or {}),
         "reward": rewards.mean().item(),
         "reward_std": rewards.std().item(),
-        "frac_reward_zero_std": (grouped.std(dim=1) == 0).float().mean().item(),
+        "frac_reward_zero_std": zero_std_groups(rewards, group_size).float().mean().item(),
         "completions/mean_length": out.num_tokens / len(out),
+        "completions/min_length": min(lengths),
+        "completions/max_length": max(lengths),
         "completions/clipped_ratio": out.finish_reasons.count("length") / len(out),
     }

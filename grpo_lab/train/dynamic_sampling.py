@@ -1,0 +1,57 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, section 3.2): train only on groups that carry a signal.
+
+A group whose G rewards are all equal (every completion right, or every one wrong) gets advantage
+0 on every completion. With beta = 0 it adds nothing to the gradient, yet it still takes a place
+in the batch and dilutes the `grpo` and `dr_grpo` averages. As the policy gets better, more
+groups are all right, and the batch's effective size shrinks (`frac_reward_zero_std` rises).
+
+Dynamic sampling over-samples: it generates rounds of fresh prompts (as many as the step has),
+keeps the groups whose rewards differ, and stops once it holds `prompts_per_step` of them (the
+last round's surplus is dropped) or after `dynamic_sampling_max_rounds` rounds. A batch the cap
+leaves short is filled with the last round's zero-signal groups, so every step trains on the
+same number of groups. The price is the extra generation, logged as `dynamic_sampling/*`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..core.tasks import Problem
+from .rollout_batch import SampledGroups, zero_std_groups
+
+
+def sample_with_signal(
+    sample: Callable[[list[Problem]], SampledGroups],
+    draw: Callable[[], list[Problem]],
+    problems: list[Problem],
+    group_size: int,
+    max_rounds: int,
+) -> tuple[SampledGroups, dict[str, float]]:
+    """`len(problems)` groups, those whose rewards differ first; returns them and the metrics.
+
+    `sample` generates and scores G completions per problem (Stages 1-2), `draw` gives the next
+    round's fresh problems, `problems` are the first round's.
+    """
+    want = len(problems)
+    kept: list[SampledGroups] = []
+    rounds = generated = zero_std = have = 0
+    while True:
+        batch = sample(problems)
+        flat = zero_std_groups(batch.rewards, group_size).tolist()  # (len(problems),)
+        rounds, generated, zero_std = rounds + 1, generated + len(flat), zero_std + sum(flat)
+        kept.append(batch.groups([k for k, no_signal in enumerate(flat) if not no_signal]))
+        have += len(kept[-1].problems)
+        if have >= want or rounds >= max_rounds:
+            break
+        problems = draw()
+    chosen = SampledGroups.concat(kept).groups(list(range(min(have, want))))
+    filled = want - len(chosen.problems)  # the cap was hit: the last round's zero-signal groups
+    if filled:
+        chosen = SampledGroups.concat(
+            [chosen, batch.groups([k for k, no_signal in enumerate(flat) if no_signal][:filled])])
+    return chosen, {
+        "dynamic_sampling/rounds": rounds,
+        "dynamic_sampling/generated_groups": generated,
+        "dynamic_sampling/zero_std_groups": zero_std,
+        "dynamic_sampling/dropped_groups": zero_std - filled,
+    }
