@@ -12,9 +12,10 @@ from grpo_lab.core.chat_model import (
     build_bpe_tokenizer,
 )
 from grpo_lab.core.evaluation import greedy_accuracy
+from grpo_lab.core.jsonl import read_jsonl
 from grpo_lab.core.prompts import encode_prompts
 from grpo_lab.core.rewards import math_answer_reward
-from grpo_lab.core.word_problems import read_jsonl, word_problems, write_word_problems
+from grpo_lab.core.word_problems import word_problems, write_word_problems
 
 
 def _corpus():

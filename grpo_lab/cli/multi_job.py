@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..core.argv import flag_args
+from ..core.jsonl import JsonlTail, read_jsonl
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
 from ..observe.dashboard import proxy_stats, replica_cache_stats
@@ -93,21 +94,20 @@ def _follow(launcher: LocalLauncher, metrics: Path, total: int, progress: bool,
 
     bar = tqdm(total=total, desc="async GRPO", disable=not progress)
     deadline = time.monotonic() + timeout_s
-    seen = 0
+    tail, steps = JsonlTail(metrics), {}  # step -> its latest record (a resume logs some again)
     try:
         while True:
-            running = launcher.running("trainer")
-            records = read_metrics(metrics) if metrics.exists() else []
-            steps = [r for r in records if r.get("step", 0) > 0]
-            if len(steps) > seen:
-                r = steps[-1]
-                bar.update(len(steps) - seen)
-                seen = len(steps)
+            running = launcher.running("trainer")  # asked before the read: no line is missed
+            new = [r for r in tail.read_new() if r.get("step", 0) > 0]
+            if new:
+                r = new[-1]
+                steps.update((s["step"], s) for s in new)
+                bar.update(len(steps) - bar.n)
                 bar.set_postfix(reward=f"{r['reward']:.2f}",
                                 stale=f"{r.get('sample/staleness_mean', 0):.1f}",
                                 queue=f"{r.get('sample/rollout_queue_size', 0):g}")
-            if on_step is not None and steps:
-                on_step(launcher, steps[-1])
+            if on_step is not None and new:
+                on_step(launcher, new[-1])
             if not running:
                 return
             # A replica may die: the proxy takes it out and the trainer goes on with the others.
@@ -174,7 +174,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     trained = json.loads((out / "summary.json").read_text())
     records = read_metrics(out / "metrics.jsonl")
     steps = [r for r in records if r.get("step", 0) > 0]
-    syncs = [json.loads(line) for line in (out / "syncs.jsonl").read_text().splitlines()]
+    syncs = read_jsonl(out / "syncs.jsonl")
     router = stats.get("router", stats)
     ratios = [r["ratio"] for r in steps if "ratio" in r]
     summary = {

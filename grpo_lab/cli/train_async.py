@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints, full_state
+from ..core.jsonl import read_jsonl
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
@@ -126,12 +127,6 @@ class LoggedHTTPGenerator(HTTPGenerator):
             copy_whole(self.log_path.parent, self.published_dir, names=(self.log_path.name,))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _truncate_metrics(path: Path, last_step: int) -> list[dict]:
     """Keep the records up to `last_step` (a resumed run logs the later steps again)."""
     if not path.exists():
@@ -205,7 +200,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     previous = _truncate_metrics(out / "metrics.jsonl", state.get("step", 0))
 
     # A kill between an adapter's rename and its log line: the bucket says it was published.
-    logged = {s["version"] for s in _read_jsonl(out / "syncs.jsonl")}
+    logged = {s["version"] for s in read_jsonl(out / "syncs.jsonl")}
     with (out / "syncs.jsonl").open("a") as f:
         for version in bucket.versions():
             if version not in logged:
@@ -264,7 +259,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         if remaining > 0:
             trainer.train(steps=remaining, callback=on_step)
         seconds = time.perf_counter() - start
-        syncs = [s for s in _read_jsonl(out / "syncs.jsonl") if "sync_s" in s]
+        syncs = [s for s in read_jsonl(out / "syncs.jsonl") if "sync_s" in s]
         history = trainer.accuracy_history
         summary = {
             "steps": trainer.step_count,
@@ -272,7 +267,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
             "version": trainer.version,
             "accuracy_before": accuracy_before(),
             "accuracy_after": history[-1][1] if history else None,
-            "syncs": len(_read_jsonl(out / "syncs.jsonl")),
+            "syncs": len(read_jsonl(out / "syncs.jsonl")),
             "sync_p50_s": statistics.median(s["sync_s"] for s in syncs) if syncs else None,
             "resumed_from": latest.name if latest else None,
             "groups": totals(),

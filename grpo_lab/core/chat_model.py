@@ -33,6 +33,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from .evaluation import greedy_accuracy
+from .jsonl import read_jsonl
 from .model_build import (
     RECIPE_FILE,
     build_threads,
@@ -43,7 +44,7 @@ from .model_build import (
 from .prompts import encode_prompts
 from .rewards import math_answer_reward
 from .tasks import Problem
-from .word_problems import read_jsonl, word_problems, write_word_problems
+from .word_problems import word_problems, write_word_problems
 
 SYSTEM_PROMPT = "Solve the problem. End with #### and the number."
 """The system message of every prompt (also the template's default, as Qwen2.5's has one)."""

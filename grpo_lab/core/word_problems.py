@@ -14,9 +14,10 @@ same files byte for byte. Test questions never appear in the training file.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from .jsonl import write_jsonl
 
 NAMES = ("Sam", "Mia", "Leo", "Ava", "Tom", "Zoe", "Ben", "Ivy")
 OBJECTS = ("apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles")
@@ -65,16 +66,6 @@ def word_problems(n: int, seed: int = 0, exclude: set[str] | frozenset[str] = fr
                 return list(rows.values())
     raise ValueError(f"could not draw {n} distinct word problems outside the {len(exclude)} "
                      f"excluded ones")
-
-
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    """One JSON object per line, keys in a fixed order (the same rows give the same bytes)."""
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The rows `write_jsonl` wrote."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
 
 
 def write_word_problems(folder: str | Path, train_size: int = 2000, test_size: int = 500,

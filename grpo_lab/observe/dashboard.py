@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from ..core.jsonl import JsonlTail
 from ..train.metrics import moving_average, series
 from .diagnose import (
     BACKPRESSURE,
@@ -168,26 +169,13 @@ class Dashboard:
         path = Path(path)
         path = path / "metrics.jsonl" if path.is_dir() or not path.suffix else path
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        offset, partial, count = 0, b"", 0
+        tail, count = JsonlTail(path), 0  # by offset; starts over when a resume trims the file
         try:
             while True:
                 done = bool(until and until())  # decided before the read: no line is missed
-                if path.exists():
-                    if path.stat().st_size < offset:  # rewritten (a resumed trainer trims it)
-                        offset, partial = 0, b""
-                    with path.open("rb") as f:
-                        f.seek(offset)
-                        chunk = f.read()
-                        offset += len(chunk)
-                    *lines, partial = (partial + chunk).split(b"\n")
-                    for line in lines:
-                        try:
-                            record = json.loads(line) if line.strip() else None
-                        except ValueError:  # read across a rewrite: skip, the next poll resyncs
-                            record = None
-                        if isinstance(record, dict):
-                            self.update(record)
-                            count += 1
+                for record in tail.read_new():
+                    self.update(record)
+                    count += 1
                 if done or (deadline is not None and time.monotonic() >= deadline):
                     break
                 time.sleep(poll_s)

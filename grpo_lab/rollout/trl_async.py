@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.devices import resolve_device, resolve_dtype
+from ..core.jsonl import read_jsonl
 from .config import AsyncGRPOConfig
 from .trl_data import (  # noqa: F401 (reward_funcs, with_response_parser: this job's API)
     max_prompt_tokens,
@@ -270,8 +271,7 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
 
         skip_cuda_queries()
     metrics = out / "metrics.jsonl"
-    kept = [json.loads(line) for line in metrics.read_text().splitlines()
-            if line.strip()] if start_step and metrics.exists() else []
+    kept = read_jsonl(metrics) if start_step else []
     log = LogLines(metrics, config.steps, [r for r in kept if r["step"] <= start_step])
     trainer = BucketAsyncGRPOTrainer(
         model=model_path, reward_funcs=reward_funcs(config), args=args,
