@@ -17,16 +17,14 @@ from pathlib import Path
 from ..core.config import GRPOConfig
 from ..rollout.config import AsyncGRPOConfig
 from .flags import add_config_flags, config_from_args
-
-DEFAULT_MIN_GAIN = 0.20
-"""The gain the summary reports against when `--min-gain` is not given."""
+from .multi_job import DEFAULT_MIN_GAIN
 
 
 def add_parser(sub) -> None:
     demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
     demo.add_argument("--min-gain", type=float, default=None,
                       help="exit with status 1 unless greedy accuracy rises by this much (e.g. 0.2); "
-                      "the summary reports against it (default 0.2)")
+                      f"the summary reports against it (default {DEFAULT_MIN_GAIN:g})")
     demo.add_argument("--jobs", choices=("none", "local"), default="local",
                       help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
                       "folder) as local processes; none: synchronous GRPO in this process")
@@ -40,7 +38,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Run the demo as local jobs or in this process; 1 if the gain misses `--min-gain`."""
-    min_gain = args.min_gain or DEFAULT_MIN_GAIN
+    min_gain = DEFAULT_MIN_GAIN if args.min_gain is None else args.min_gain
     if args.jobs == "local":
         from .multi_job import multi_job_config, run_multi_job_demo  # the jobs, not the trainer
 

@@ -35,6 +35,9 @@ from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..train.metrics import plot_training, read_metrics
 from .flags import config_from_args
 
+DEFAULT_MIN_GAIN = 0.20
+"""The accuracy gain (held-out, greedy) the demo's summary reports against when none is given."""
+
 RUN_NAME = "train"
 """The trainer's folder inside the bucket."""
 
@@ -121,7 +124,8 @@ def _follow(launcher: LocalLauncher, metrics: Path, total: int, progress: bool,
 
 
 def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s: float = 900,
-                       min_gain: float = 0.15, on_step=None, engine: str = "grpo-lab") -> dict:
+                       min_gain: float = DEFAULT_MIN_GAIN, on_step=None,
+                       engine: str = "grpo-lab") -> dict:
     """Start the jobs, follow the trainer, then print and return the summary.
 
     `engine`: the replicas' server, `grpo-lab` (`grpo-lab serve`) or `vllm` (real vLLM, its CPU
