@@ -21,17 +21,17 @@ def run_records(regime: str, steps: int = 30) -> list[dict]:
     for step in range(1, steps + 1):
         r = {"step": step, "reward": 0.1 + 0.01 * step, "ratio": 1.0, "perf/weight_sync_s": 0.1,
              "sample/staleness_mean": 1.5, "sample/staleness_max": 3,
-             "sample/rollout_queue_maxsize": 8, "rollout/generated_tok_s": 900.0}
+             "sample/rollout_queue_maxsize": 8, "rollout/generated_tok_s_busy": 900.0}
         if regime == "trainer":  # full queue, no wait, the worker blocked on a full buffer
             r.update({"sample/rollout_queue_size": 8, "perf/rollout_wait_s": 0.0,
-                      "rollout/backpressure_s": 1.5, "perf/fwd_bwd_s": 1.9, "perf/step_s": 2.0})
+                      "rollout/backpressure_total_s": 1.5, "perf/fwd_bwd_s": 1.9, "perf/step_s": 2.0})
         elif regime == "generation":  # empty queue, growing wait, no backpressure
             wait = 0.5 + 0.05 * step
             r.update({"sample/rollout_queue_size": 0, "perf/rollout_wait_s": wait,
-                      "rollout/backpressure_s": 0.0, "perf/fwd_bwd_s": 0.5, "perf/step_s": 0.6 + wait})
+                      "rollout/backpressure_total_s": 0.0, "perf/fwd_bwd_s": 0.5, "perf/step_s": 0.6 + wait})
         else:  # balanced: half full, neither side waits long
             r.update({"sample/rollout_queue_size": 4, "perf/rollout_wait_s": 0.02,
-                      "rollout/backpressure_s": 0.03, "perf/fwd_bwd_s": 0.9, "perf/step_s": 1.0})
+                      "rollout/backpressure_total_s": 0.03, "perf/fwd_bwd_s": 0.9, "perf/step_s": 1.0})
         records.append(r)
     return records
 
@@ -56,7 +56,7 @@ def test_admission_waits_count_as_backpressure():
     """A trainer-bound run whose worker waits for newer policies instead of a full buffer."""
     records = run_records("trainer")
     for r in records:
-        r["rollout/version_wait_s"], r["rollout/backpressure_s"] = r["rollout/backpressure_s"], 0.0
+        r["rollout/version_wait_s"], r["rollout/backpressure_total_s"] = r["rollout/backpressure_total_s"], 0.0
     assert diagnose(records).bottleneck == "trainer"
 
 
@@ -183,13 +183,14 @@ def test_pipeline_plot_shows_the_version_gate_wait():
 
     records = run_records("trainer")
     for r in records:
-        r["rollout/version_wait_s"], r["rollout/backpressure_s"] = r["rollout/backpressure_s"], 0.0
+        r["rollout/version_wait_s"], r["rollout/backpressure_total_s"] = (
+            r["rollout/backpressure_total_s"], 0.0)
     fig = plot_pipeline(records)
     try:
         waits = next(ax for ax in fig.axes if ax.get_title() == "rollout wait vs backpressure (s)")
         lines = {line.get_label(): list(line.get_ydata()) for line in waits.lines}
-        assert list(lines) == ["rollout_wait_s", "backpressure_s", "version_wait_s"]
-        assert lines["version_wait_s"] == [1.5] * 30 and lines["backpressure_s"] == [0.0] * 30
+        assert list(lines) == ["rollout_wait_s", "backpressure_total_s", "version_wait_s"]
+        assert lines["version_wait_s"] == [1.5] * 30 and lines["backpressure_total_s"] == [0.0] * 30
         assert "held back 1.50 s/step" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
@@ -295,7 +296,7 @@ def _metrics_server(text: str):
 
 
 def test_replica_cache_stats_sums_the_replicas_prometheus_counters():
-    from grpo_lab.observe.dashboard import _router_counters, replica_cache_stats
+    from grpo_lab.observe.live_stats import replica_cache_stats, router_counters
 
     page = ("# TYPE vllm:prefix_cache_queries counter\n"
             'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}\n'
@@ -315,7 +316,7 @@ def test_replica_cache_stats_sums_the_replicas_prometheus_counters():
             "unreachable": [dead]}
         assert replica_cache_stats(urls[1:])["cache_hit_rate"] == 0.0
         line = Dashboard.line([{"step": 1, "reward": 0.5}],
-                              _router_counters({"router": {"affinity": 3}, **stats}))
+                              router_counters({"router": {"affinity": 3}, **stats}))
         assert "router affinity 3 cache_hit_rate 0.5" in line
     finally:
         for s in servers:

@@ -52,7 +52,7 @@ from grpo_lab.jobs.specs import (
     free_port,
     package_wheel_name,
 )
-from grpo_lab.observe.dashboard import _router_counters, proxy_stats
+from grpo_lab.observe.live_stats import proxy_stats, router_counters
 from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.serving.config import ServeConfig
 from grpo_lab.serving.process import group_members, is_alive
@@ -297,7 +297,7 @@ def test_local_recipe_replica_and_proxy_are_real_grpo_lab_servers(tmp_path, tiny
     with LocalLauncher(plan.only("replica-0", "proxy"), tmp_path / "run", grace_s=5) as run:
         with urllib.request.urlopen(f"{proxy_url}/server_info?config_format=json", timeout=10) as r:
             config = json.loads(r.read())["vllm_config"]
-        counters = _router_counters(proxy_stats(proxy_url))
+        counters = router_counters(proxy_stats(proxy_url))
         assert all(s.startswith("running") for s in run.status().values())
     assert config["lora_config"]["max_loras"] == 6 and config["lora_config"]["max_lora_rank"] == 1
     assert config["model_config"]["logprobs_mode"] == "processed_logprobs"

@@ -28,7 +28,7 @@ from ..core.argv import flag_args
 from ..core.jsonl import JsonlTail, read_jsonl
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
-from ..observe.dashboard import proxy_stats, replica_cache_stats
+from ..observe.live_stats import proxy_stats, replica_cache_stats
 from ..observe.plots import plot_pipeline
 from ..rollout.config import AsyncGRPOConfig
 from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE

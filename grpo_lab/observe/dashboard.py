@@ -2,6 +2,7 @@
 
     dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))  # router counters, or
     dash = Dashboard(stats=lambda: {**proxy_stats(proxy), **replica_cache_stats(replicas)})
+    (proxy_stats, replica_cache_stats: grpo_lab.observe.live_stats)
     trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
     dash.follow(run_dir, until=lambda: not run.running("trainer"))
 
@@ -17,11 +18,9 @@ from __future__ import annotations
 
 import html
 import io
-import json
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,62 +39,8 @@ from .diagnose import (
     WAIT,
     diagnose,
 )
+from .live_stats import router_counters
 from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis
-
-
-def proxy_stats(url: str, token: str | None = None, timeout_s: float = 2.0) -> dict:
-    """The proxy's router counters (`GET <url>/proxy/stats`), for `Dashboard(stats=...)`."""
-    request = urllib.request.Request(url.rstrip("/") + "/proxy/stats")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
-
-PREFIX_CACHE_METRICS = {"vllm:prefix_cache_queries_total": "cache_queries",
-                        "vllm:prefix_cache_hits_total": "cache_hits"}
-"""vLLM's prefix-cache counters (in prompt tokens), as `grpo-lab serve` and `vllm serve` write
-them in `GET /metrics`."""
-
-
-def replica_cache_stats(urls: list[str], token: str | None = None,
-                        timeout_s: float = 2.0) -> dict:
-    """Prefix-cache counters summed over the replicas, read from each one's Prometheus
-    `/metrics`: queried and hit tokens, and the hit rate (hits / queries; None before any
-    query). The proxy routes by prefix so that this rate is high. A replica that does not
-    answer (it died, or is not up yet) is listed under `unreachable` and counts nothing."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals = dict.fromkeys(PREFIX_CACHE_METRICS.values(), 0.0)
-    unreachable = []
-    for url in urls:
-        request = urllib.request.Request(url.rstrip("/") + "/metrics")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                text = response.read().decode()
-        except OSError:  # refused, reset, timed out, or an HTTP error status
-            unreachable.append(url)
-            continue
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in PREFIX_CACHE_METRICS:
-                    totals[PREFIX_CACHE_METRICS[sample.name]] += sample.value
-    queries = totals["cache_queries"]
-    return {**totals, "cache_hit_rate": totals["cache_hits"] / queries if queries else None,
-            "unreachable": unreachable}
-
-
-def _router_counters(stats: dict) -> dict:
-    """affinity / spilled / unmatched / routed, at the top level or under `router`, and the
-    replicas' prefix-cache hit rate when the stats carry it (`replica_cache_stats`)."""
-    source = stats.get("router", stats) if isinstance(stats.get("router"), dict) else stats
-    counters = {k: source[k] for k in ("affinity", "spilled", "unmatched", "routed")
-                if k in source}
-    if stats.get("cache_hit_rate") is not None:
-        counters["cache_hit_rate"] = round(stats["cache_hit_rate"], 3)
-    return counters
 
 
 def in_notebook() -> bool:
@@ -223,7 +168,7 @@ class Dashboard:
         if self.stats is None:
             return {}
         try:
-            return _router_counters(self.stats())
+            return router_counters(self.stats())
         except Exception as exc:  # the proxy may be down or not up yet: show it, keep going
             return f"router stats unavailable ({type(exc).__name__})"
 

@@ -28,7 +28,7 @@ import time
 from ..proxy.process import start_proxy_process
 from ..serving.block_hashes import DEFAULT_BLOCK_SIZE
 from ..serving.client import BlockingClient, InferenceClient, ServerError
-from .dashboard import proxy_stats, replica_cache_stats
+from .live_stats import proxy_stats, replica_cache_stats
 
 ROUTINGS = ("affinity", "round-robin")
 """The proxy's `--routing` choices, in the order notebook 06 shows them."""
