@@ -29,8 +29,10 @@ def is_loopback(url: str) -> bool:
 
 
 @dataclass
-class ProxyConfig:
-    """Flags of `grpo-lab proxy` (the reference proxy's UPSTREAM_URLS and PROXY_* settings)."""
+class ProxyConfig(RouterConfig):
+    """Flags of `grpo-lab proxy` (the reference proxy's UPSTREAM_URLS and PROXY_* settings). The
+    router's knobs (block_size, imbalance, max_tracked_blocks, routing) are RouterConfig's fields,
+    inherited: one definition, one default, one help text."""
 
     upstreams: list[str] = field(default_factory=list)
     """Base URLs of the replicas, e.g. http://10.0.0.2:8000 (`--upstream URL`, once per replica)."""
@@ -44,16 +46,6 @@ class ProxyConfig:
     upstream_token_env: str | None = None
     """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
     (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
-    # The router's knobs (RouterConfig): the same names, its defaults
-    block_size: int = RouterConfig.block_size
-    """Tokens per KV block, as the servers' (vLLM: 16)."""
-    imbalance: int = RouterConfig.imbalance
-    """In-flight requests the preferred replica may be ahead of the least-loaded one."""
-    max_tracked_blocks: int = RouterConfig.max_tracked_blocks
-    """Cap on the router's block table (least recently used blocks are forgotten)."""
-    routing: str = RouterConfig.routing
-    """affinity (KV-prefix affinity, then load) or round-robin (replicas in turn, prefixes
-    ignored: the baseline of benchmarks/routing_cache.py)."""
     tokenizer: str | None = None
     """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8 pseudo-tokens."""
     lora_retry_s: float = 2.0
@@ -91,6 +83,10 @@ class ProxyConfig:
         if self.health_failures is None:  # computed at runtime from the upstreams
             self.health_failures = REMOTE_HEALTH_FAILURES if remote else LOCAL_HEALTH_FAILURES
         problems = []
+        try:
+            super().__post_init__()  # the router's knobs
+        except ValueError as exc:
+            problems.append(str(exc))
         if not self.upstreams:
             problems.append("need at least one --upstream URL")
         for url in self.upstreams:
@@ -106,8 +102,6 @@ class ProxyConfig:
         for name in ("conn_limit", "health_failures", "max_request_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.routing not in ("affinity", "round-robin"):
-            problems.append(f"routing must be affinity or round-robin (got {self.routing!r})")
         if not 0 <= self.port < 65536:
             problems.append(f"port must be in 0..65535 (got {self.port})")
         if problems:

@@ -39,10 +39,10 @@ from ..serving.block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
 RouteKind = Literal["affinity", "spill", "unmatched"]
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: ProxyConfig inherits these after its own positional ones
 class RouterConfig:
     """Knobs of the prefix router (the reference proxy's `PROXY_*` settings). `grpo-lab proxy`
-    takes them as flags: ProxyConfig's fields of the same names, whose defaults are these."""
+    takes them as flags: ProxyConfig inherits these fields."""
 
     block_size: int = DEFAULT_BLOCK_SIZE
     """Tokens per KV block; must match the server's block size (vLLM: 16). Only full blocks count."""
