@@ -17,9 +17,14 @@ What is measured, in the same run and against the same upstreams:
 Prompts are 144 token ids (9 KV blocks) drawn from 256 GRPO-like prompts that share a 23-token
 template, under an adapter name, so the proxy parses, hashes and routes every request as in a run.
 The client shares the 2 cores with the proxy and the upstreams, and nothing else is stopped
-while it runs: the load average is recorded next to the numbers, and `proxy_cpu_share` says how
-many cores the proxy process used during the 128-in-flight run (1.0 = one full core).
-Goals: added p50 <= 1 ms; >= 2,000 requests/s through the proxy at 128 in flight.
+while it runs: the load average is recorded next to the numbers (before each round), and for
+the 128-in-flight run through the proxy `proxy_cpu_share` says how many cores the proxy process
+used in the measured window (1.0 = one full core) and `proxy_cpu_us_per_request` how much CPU
+time (user + system) it spent per request. The proxy is one process on one core, so
+1e6 / `proxy_cpu_us_per_request` is the most it can serve with a core to itself; on a shared
+machine the requests/s are that times the share it got.
+Goals (issue 26): added p50 <= 0.25 ms; >= 6,000 requests/s through the proxy at 128 in flight;
+no errors. The summary holds the median over `--rounds` and, for the two goals, the spread.
 Results go to benchmarks/results/proxy_overhead.json and are printed.
 """
 
@@ -37,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-GOALS = {"added_latency_p50_ms": 1.0, "proxy_rps_at_128": 2000.0}
+GOALS = {"added_latency_p50_ms": 0.25, "proxy_rps_at_128": 6000.0}
 TEMPLATE = list(range(151_000, 151_023))  # 23 shared tokens, as the blog's chat template
 
 
@@ -129,10 +134,10 @@ async def _read_reply(reader) -> int:
 
 
 async def run_load(urls: list[str], bodies: list[bytes], concurrency: int, seconds: float,
-                   warmup_s: float = 1.0) -> dict:
+                   warmup_s: float = 1.0, cpu_pid: int | None = None) -> dict:
     """`concurrency` keep-alive connections (spread over `urls` in turn), each sending its next
     request as soon as the last one is answered. Counts the answers that arrive in a window of
-    `seconds` that starts after `warmup_s`."""
+    `seconds` that starts after `warmup_s`; with `cpu_pid`, also that process's CPU time in it."""
     latencies: list[float] = []
     errors = 0
     measuring = stop = False
@@ -153,11 +158,18 @@ async def run_load(urls: list[str], bodies: list[bytes], concurrency: int, secon
 
     workers = [asyncio.create_task(worker(k)) for k in range(concurrency)]
     await asyncio.sleep(warmup_s)
+    cpu_before = cpu_seconds(cpu_pid) if cpu_pid else None
     measuring, t0 = True, time.perf_counter()
     await asyncio.sleep(seconds)
     stop, elapsed = True, time.perf_counter() - t0
+    cpu_after = cpu_seconds(cpu_pid) if cpu_pid else None
     await asyncio.gather(*workers)
-    return summarize(latencies, elapsed, errors)
+    out = summarize(latencies, elapsed, errors)
+    if cpu_before is not None and cpu_after is not None:
+        cpu = cpu_after - cpu_before
+        out["proxy_cpu_share"] = round(cpu / elapsed, 2)
+        out["proxy_cpu_us_per_request"] = round(1e6 * cpu / max(1, len(latencies)), 1)
+    return out
 
 
 async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: int = 200) -> dict:
@@ -248,15 +260,12 @@ def main(argv: list[str] | None = None) -> int:
                                     env={"OMP_NUM_THREADS": "1"})
         rounds = []
         for r in range(args.rounds):
-            row = {}
+            row = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
             for name, urls in (("direct", upstreams), ("proxy", [proxy.url])):
                 row[f"{name}_c1"] = asyncio.run(run_sequential(urls, bodies, n_seq))
-                cpu_before = cpu_seconds(proxy.pid)
-                row[f"{name}_c{args.concurrency}"] = out = asyncio.run(run_load(
-                    urls, bodies, args.concurrency, seconds))
-                if name == "proxy" and cpu_before is not None:  # includes the 1 s warm-up
-                    out["proxy_cpu_share"] = round((cpu_seconds(proxy.pid) - cpu_before)
-                                                   / (seconds + 1.0), 2)
+                row[f"{name}_c{args.concurrency}"] = asyncio.run(run_load(
+                    urls, bodies, args.concurrency, seconds,
+                    cpu_pid=proxy.pid if name == "proxy" else None))
             row["added_latency_p50_ms"] = round(row["proxy_c1"]["p50_ms"]
                                                 - row["direct_c1"]["p50_ms"], 3)
             rounds.append(row)
@@ -275,11 +284,16 @@ def main(argv: list[str] | None = None) -> int:
 
     c = f"c{args.concurrency}"
 
-    def median(key: str, field: str | None = None) -> float:
-        return round(statistics.median(r[key][field] if field else r[key] for r in rounds), 3)
+    def values(key: str, field: str | None = None) -> list:
+        return [r[key].get(field) if field else r[key] for r in rounds]
+
+    def median(key: str, field: str | None = None) -> float | None:
+        got = [v for v in values(key, field) if v is not None]
+        return round(statistics.median(got), 3) if got else None
 
     added = median("added_latency_p50_ms")
     proxy_rps = median(f"proxy_{c}", "rps")
+    errors = sum(r[k]["errors"] for r in rounds for k in r if isinstance(r[k], dict))
     results = {
         "what": "grpo-lab proxy in front of 2 instant stub upstreams, loopback, separate processes",
         "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
@@ -294,12 +308,17 @@ def main(argv: list[str] | None = None) -> int:
             f"direct_rps_{c}": median(f"direct_{c}", "rps"),
             f"proxy_rps_{c}": proxy_rps,
             f"proxy_p50_ms_{c}": median(f"proxy_{c}", "p50_ms"),
-            f"proxy_cpu_share_{c}": median(f"proxy_{c}", "proxy_cpu_share")
-            if cpu_seconds(os.getpid()) is not None else None,
-            "errors": sum(r[k]["errors"] for r in rounds for k in r if isinstance(r[k], dict)),
+            f"proxy_cpu_share_{c}": median(f"proxy_{c}", "proxy_cpu_share"),
+            f"proxy_cpu_us_per_request_{c}": median(f"proxy_{c}", "proxy_cpu_us_per_request"),
+            "errors": errors,
+            "spread": {"added_latency_p50_ms": [min(values("added_latency_p50_ms")),
+                                                max(values("added_latency_p50_ms"))],
+                       f"proxy_rps_{c}": [min(values(f"proxy_{c}", "rps")),
+                                          max(values(f"proxy_{c}", "rps"))]},
         },
-        "goals": {"added_latency_p50_ms <= 1.0": added <= GOALS["added_latency_p50_ms"],
-                  f"proxy_rps_{c} >= 2000": proxy_rps >= GOALS["proxy_rps_at_128"]},
+        "goals": {"added_latency_p50_ms <= 0.25": added <= GOALS["added_latency_p50_ms"],
+                  f"proxy_rps_{c} >= 6000": proxy_rps >= GOALS["proxy_rps_at_128"],
+                  "errors == 0": errors == 0},
         "proxy_stats": {k: stats[k] for k in ("requests", "routed", "affinity", "spilled",
                                               "unmatched", "tracked_blocks", "errors")},
     }

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo_lab.proxy import router as router_module
 from grpo_lab.proxy.router import NoReplicaAvailable, PrefixRouter, RouterConfig
 from grpo_lab.proxy.routing_replay import replay
 
@@ -128,6 +129,37 @@ def test_imbalance_spills_to_least_loaded():
     assert got[3].specific_match_blocks == 3  # what the spill gave up
     s = router.stats()
     assert (s["spilled"], s["spill_pct"], s["inflight"]) == (1, 25.0, [3, 1])
+
+
+def test_default_guard_keeps_groups_together_in_the_replay():
+    # the guard's default (about 1.5 G for G = 8) lets ordinary groups stay on their replica: few
+    # spills, so few prompts end up on both replicas (the reference's labels count those unmatched)
+    r = replay(2, prompts_issued=800, seed=0)
+    assert RouterConfig().imbalance == 12
+    assert r["spill_pct"] <= 0.5
+    assert r["unmatched_reference_pct"] <= r["unmatched_floor_pct"] + 0.3
+    eight = replay(2, prompts_issued=800, seed=0, router=RouterConfig(imbalance=8))
+    assert eight["spill_pct"] > 0.5  # the reference proxy's 8 = G spills the tails of groups
+    assert sum(eight["by_rollout_index"]["spill"][:5]) == 0
+
+
+def test_remembered_prompt_hashes_change_no_decision(monkeypatch):
+    # route() keeps the hashes of recent (adapter, prompt) pairs; a router that remembers none
+    # must decide exactly the same
+    rng = random.Random(0)
+    prompts = [TEMPLATE + tokens(rng.randrange(10**6), rng.randrange(4)) for _ in range(6)]
+    routers = {n: PrefixRouter(2, RouterConfig(imbalance=1)) for n in (0, 3)}
+    for step in range(300):
+        prompt, adapter = rng.choice(prompts), rng.choice(["v1", "v2"])
+        finish = rng.random() < 0.4
+        decisions = []
+        for n, router in routers.items():
+            monkeypatch.setattr(router_module, "RECENT_PROMPTS", n)
+            decisions.append(router.route(prompt, adapter))
+            if finish:
+                router.finish(decisions[-1].replica)
+        assert decisions[0] == decisions[1], step
+    assert routers[0].stats() == routers[3].stats()
 
 
 def test_round_robin_on_ties():

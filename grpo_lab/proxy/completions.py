@@ -9,7 +9,9 @@
         4. merge    the choices back in prompt order, `index` renumbered, usage summed; the
                     answer names the replica(s) in `X-Proxy-Upstream`
 
-A streamed request goes whole to the replica of its first prompt, and its bytes pass through.
+A request with one prompt (the usual case) skips 4: its body goes to the replica as it came and
+the replica's answer comes back as it came, never parsed or re-serialised. A streamed request
+goes whole to the replica of its first prompt, and its bytes pass through.
 `CompletionForwarder` does all this; it reaches the replicas through a `ReplicaSet` (replicas.py).
 """
 
@@ -83,7 +85,33 @@ class CompletionForwarder:
             return self.error(exc.status, exc.message, "bad_request", param=exc.param)
         if body.get("stream"):
             return await self._stream(request, raw, keys[0], model)
+        if len(keys) == 1:  # the usual case: the body goes as it came, the answer comes back so
+            return await self._one_prompt(request.path, raw, keys[0], model)
         return await self._dispatch(request.path, body, raw, prompts, keys, model)
+
+    async def _one_prompt(self, path, raw, key, model) -> web.Response:
+        """`_dispatch` for a request with one prompt: no split and no merge, the replica's answer
+        is relayed as it came. A refused connection routes it again, to another replica if any
+        is up."""
+        refused: set[str] = set()  # replicas that refused this request's connection
+        for _attempt in range(len(self.replicas.urls) + 1):
+            try:
+                replica = self.router.route(key, model, avoid=refused).replica
+            except NoReplicaAvailable:
+                return self._no_replica()
+            try:
+                status, reply, ctype = await self.replicas.call(replica, path, raw)
+            except UpstreamError as exc:
+                if exc.kind != "connect":
+                    return self._upstream_error(exc, replica)
+                self.replicas.refused(replica, exc.message)
+                refused.add(replica)
+                self.counters["rerouted"] += 1
+                continue
+            finally:
+                self.router.finish(replica)
+            return self._relay(status, reply, ctype, replica)
+        return self._no_replica()
 
     async def _dispatch(self, path, body, raw, prompts, keys, model) -> web.Response:
         """Route every prompt, send each replica its share, merge. The share of a replica that
@@ -103,7 +131,7 @@ class CompletionForwarder:
                         self.router.finish(replica)
                 return self._no_replica()
             whole = len(groups) == 1 and len(pending) == len(keys)
-            if len(groups) == 1:  # the usual case (one prompt): no gather, one task less
+            if len(groups) == 1:  # one replica takes them all: no gather, one task less
                 outcomes = [await self._send_share(path, body, raw if whole else None, prompts,
                                                    *next(iter(groups.items())))]
             else:

@@ -175,21 +175,32 @@ class ConnectionPool:
         self._extra_headers = extra.encode("latin-1")
         self.connect_timeout_s, self.keepalive_s = connect_timeout_s, keepalive_s
         self._open: set[_Connection] = set()
+        self._targets: dict[str, tuple[tuple[str, int, bool], bytes]] = {}  # url -> _target()
+
+    def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes]:
+        """`url` -> (its pool key, the request's head up to the Content-Length value), cached:
+        a proxy posts to a few URLs only."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            key = (parts.hostname, parts.port or (443 if tls else 80), tls)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+                    + self._extra_headers + b"Content-Type: application/json\r\nContent-Length: ")
+            if len(self._targets) < 1024:
+                self._targets[url] = (key, head)
+            target = (key, head)
+        return target
 
     async def post(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes, str]:
         """POST `body` (JSON) to `url` -> (status, body, content type)."""
-        parts = urlsplit(url)
-        tls = parts.scheme == "https"
-        key = (parts.hostname, parts.port or (443 if tls else 80), tls)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        key, head = self._target(url)
         loop = asyncio.get_running_loop()
         async with self._slots:
             conn = await self._acquire(key, loop)
             conn.waiter = waiter = loop.create_future()
-            conn.transport.write(
-                f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json"
-                f"\r\nContent-Length: {len(body)}\r\n".encode("latin-1")
-                + self._extra_headers + b"\r\n" + body)
+            conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
             timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
             try:
                 result = await waiter
