@@ -54,6 +54,7 @@ NOTEBOOK_GOALS = {
         "same starting accuracy": lambda r: r["trl_accuracy_before"] == r["accuracy_before"],
         "config_mismatches == 0": lambda r: r["config_mismatches"] == 0,
         "metrics_missing == 0": lambda r: r["metrics_missing"] == 0,
+        "async_names_missing == 0": lambda r: r["async_names_missing"] == 0,
         "TRL reward rose": lambda r: r["trl_reward_last"] > r["trl_reward_first"],
         "grpo_lab reward rose": lambda r: r["grpo_lab_reward_last"] > r["grpo_lab_reward_first"],
     },

@@ -92,7 +92,7 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
         for record in records:  # staleness 0, one update per batch: the ratio is exactly 1
             assert abs(record["ratio"] - 1) < 1e-3, record
             # All of a step's requests at once: 4 prompts (n = 4), or 4 x 4 completions (n = 1).
-            assert record["rollout/inflight"] == requests_per_step
+            assert record["rollout/inflight_max"] == requests_per_step
         assert generator.latest_version == 3
         loaded = [m["id"] for m in generator.client.models()
                   if m["id"].startswith(bucket.prefix + "-")]

@@ -12,10 +12,10 @@ from grpo_lab.observe.pipeline_runs import KnobRun, plot_runs, run_with_knobs, r
 def _records(steps: int, *, wait: float, held: float, queue: int, fwd_bwd: float = 0.2,
              sync: float = 0.03, stale: float = 1.0) -> list[dict]:
     return [{"step": s, "perf/step_s": fwd_bwd + wait + sync, "perf/fwd_bwd_s": fwd_bwd,
-             "perf/rollout_wait_s": wait, "rollout/backpressure_s": 0.0,
+             "perf/rollout_wait_s": wait, "rollout/backpressure_total_s": 0.0,
              "rollout/version_wait_s": held, "sample/rollout_queue_size": queue,
              "sample/rollout_queue_maxsize": 16, "sample/staleness_mean": stale,
-             "sample/staleness_max": 1, "perf/weight_sync_s": sync, "perf/micro_batches": 3}
+             "sample/staleness_max": 1, "perf/weight_sync_s": sync, "batch/microbatches_per_step": 3}
             for s in range(1, steps + 1)]
 
 

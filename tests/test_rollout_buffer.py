@@ -99,7 +99,7 @@ def test_stale_items_dropped_and_counted_exactly():
     batch = buf.get(3, trainer_version=3, timeout=JOIN_S)  # lags 3, 0, 2, 1, 0, 3: keep lag <= 1
     assert [e.version for e in batch] == [3, 2, 3]
     stats = buf.stats()
-    assert stats["sample/dropped_stale"] == 3
+    assert stats["sample/dropped_stale_cumulative"] == 3
     assert stats["sample/delivered"] == 3
     assert stats["sample/staleness_mean"] == pytest.approx(1 / 3)
     assert stats["sample/staleness_max"] == 1
@@ -136,8 +136,8 @@ def test_put_blocks_when_full_and_get_unblocks_it_with_backpressure_measured():
     assert [e.item for e in buf.get(1, trainer_version=0, timeout=JOIN_S)] == ["a"]
     producer.join(JOIN_S)
     assert not producer.is_alive() and out == {"result": True}
-    assert buf.stats()["rollout/backpressure_total_s"] == 1.5
-    assert buf.stats()["perf/rollout_wait_total_s"] == 0.0
+    assert buf.stats()["rollout/backpressure_cumulative_s"] == 1.5
+    assert buf.stats()["perf/rollout_wait_cumulative_s"] == 0.0
     assert [e.item for e in buf.get(2, trainer_version=0, timeout=JOIN_S)] == ["b", "c"]
 
 
@@ -152,8 +152,8 @@ def test_get_blocks_until_n_items_with_rollout_wait_measured():
     consumer.join(JOIN_S)
     assert not consumer.is_alive() and "error" not in out
     assert [e.item for e in out["result"]] == ["a", "b"]
-    assert buf.stats()["perf/rollout_wait_total_s"] == 2.0
-    assert buf.stats()["rollout/backpressure_total_s"] == 0.0
+    assert buf.stats()["perf/rollout_wait_cumulative_s"] == 2.0
+    assert buf.stats()["rollout/backpressure_cumulative_s"] == 0.0
 
 
 def test_rollout_wait_with_the_real_clock():
@@ -163,7 +163,7 @@ def test_rollout_wait_with_the_real_clock():
     buf.put("a", 0)
     consumer.join(JOIN_S)
     assert [e.item for e in out["result"]] == ["a"]
-    assert buf.stats()["perf/rollout_wait_total_s"] > 0.0
+    assert buf.stats()["perf/rollout_wait_cumulative_s"] > 0.0
     assert out["result"][0].time_in_queue_s >= 0.0
 
 
@@ -230,7 +230,7 @@ def test_dropping_stale_items_makes_room_for_a_blocked_producer():
         assert out == {"result": True}
     finally:
         buf.close()
-    assert buf.stats()["sample/dropped_stale"] == 2
+    assert buf.stats()["sample/dropped_stale_cumulative"] == 2
 
 
 def test_close_wakes_a_blocked_producer():
@@ -266,7 +266,7 @@ def test_after_close_put_fails_and_get_drains_without_blocking():
     assert [e.item for e in buf.get(1, trainer_version=2, timeout=JOIN_S)] == [1]
     assert [e.item for e in buf.get(4, trainer_version=2, timeout=JOIN_S)] == [2]
     assert buf.get(4, trainer_version=2, timeout=JOIN_S) == []
-    assert buf.stats()["sample/dropped_stale"] == 1
+    assert buf.stats()["sample/dropped_stale_cumulative"] == 1
     assert "closed" in repr(buf)
 
 
@@ -329,7 +329,7 @@ class BufferMatchesModel(RuleBasedStateMachine):
     def conserved_and_bounded(self):
         stats = self.buf.stats()
         assert len(self.buf) == len(self.queue) <= self.buf.maxsize
-        assert stats["sample/dropped_stale"] == self.dropped
+        assert stats["sample/dropped_stale_cumulative"] == self.dropped
         assert stats["sample/delivered"] == len(self.delivered) == len(set(self.delivered))
         assert stats["sample/enqueued"] == len(self.delivered) + self.dropped + len(self.queue)
         assert sum(stats["sample/staleness_hist"].values()) == len(self.delivered)
@@ -382,7 +382,7 @@ def test_concurrent_producers_and_consumers_conserve_items(
     put_ok = sum(out["result"] for _, out in prod)
     delivered = [e for _, out in cons for e in out["result"]]
     stats = buf.stats()
-    assert put_ok == len(delivered) + stats["sample/dropped_stale"] + len(buf)
+    assert put_ok == len(delivered) + stats["sample/dropped_stale_cumulative"] + len(buf)
     assert len(buf) == 0  # consumers drain the closed buffer before they stop
     assert len({e.item for e in delivered}) == len(delivered)  # nothing delivered twice
     assert all(e.staleness <= max_staleness for e in delivered)

@@ -136,6 +136,10 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict]:
     return kept
 
 
+BUFFER_COUNTERS = {"dropped_stale": "sample/dropped_stale_cumulative",
+                   "enqueued": "sample/enqueued", "delivered": "sample/delivered"}
+"""summary.json's `groups` counts (kept in checkpoints) and the buffer's `stats()` they add up."""
+
 LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json")
 """What the trainer writes into its run folder while it trains (the rest is written once, at
 the end: `adapter/`, `summary.json`)."""
@@ -233,14 +237,14 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         trainer.publish_current()  # (re-)register the live version before anything else
 
         counters = dict(state.get("counters", {}))
-        offsets = {k: counters.get(k, 0) for k in ("dropped_stale", "enqueued", "delivered")}
+        offsets = {k: counters.get(k, 0) for k in BUFFER_COUNTERS}
         lost = counters.get("lost_on_resume", 0)
         if latest is not None:  # groups generated but neither trained nor dropped: gone with it
             lost += max(0, offsets["enqueued"] - offsets["delivered"] - offsets["dropped_stale"])
 
-        def totals() -> dict:
+        def totals() -> dict:  # groups, over every attempt: the buffer counts one attempt's
             stats = trainer.buffer.stats() if trainer.buffer is not None else {}
-            now = {k: offsets[k] + stats.get(f"sample/{k}", 0) for k in offsets}
+            now = {k: offsets[k] + stats.get(BUFFER_COUNTERS[k], 0) for k in offsets}
             return {**now, "lost_on_resume": lost}
 
         def on_step(record: dict) -> None:

@@ -3,10 +3,11 @@
 `diagnose` applies docs/recipe.md's rule ("Reading the pipeline"):
     full queue  + zero wait   + high backpressure  = the trainer is too slow
     empty queue + rising wait + no backpressure    = generation is too slow
-Generation is held back by a full buffer (`rollout/backpressure_s`) or, in grpo_lab's async
-trainer, by the admission rule that keeps samples within max_staleness
+Generation is held back by a full buffer (`rollout/backpressure_total_s`) or, in grpo_lab's
+async trainer, by the admission rule that keeps samples within max_staleness
 (`rollout/version_wait_s`): both mean generation is ahead, so both count as backpressure.
-The metric names below are the ones the asynchronous trainer logs (grpo_lab.rollout).
+The metric names below are the ones the asynchronous trainer logs (grpo_lab.rollout; how they
+map to TRL's: grpo_lab.train.glossary.TRL_ASYNC_NAMES).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 QUEUE, QUEUE_MAX = "sample/rollout_queue_size", "sample/rollout_queue_maxsize"
-WAIT, BACKPRESSURE = "perf/rollout_wait_s", "rollout/backpressure_s"
+WAIT, BACKPRESSURE = "perf/rollout_wait_s", "rollout/backpressure_total_s"
 VERSION_WAIT = "rollout/version_wait_s"
-INFLIGHT = "rollout/inflight"
+INFLIGHT = "rollout/inflight_max"
 STEP, FWD_BWD, SYNC = "perf/step_s", "perf/fwd_bwd_s", "perf/weight_sync_s"
 STALE_MEAN, STALE_MAX = "sample/staleness_mean", "sample/staleness_max"
 

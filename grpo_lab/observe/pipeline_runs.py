@@ -120,12 +120,12 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
 
 def summarize(run: KnobRun) -> dict:
     """One row per run: the knobs, then per-step means over the diagnosed window (staleness_max
-    and dropped_stale: over the whole run)."""
+    and dropped_stale, the completions dropped for staleness: over the whole run)."""
     step = run.mean(STEP) or 1e-9
     held_back = run.mean(BACKPRESSURE) + run.mean(VERSION_WAIT)
     return {
         "run": run.name, **run.knobs,
-        "micro_batches": run.mean("perf/micro_batches"),
+        "micro_batches": run.mean("batch/microbatches_per_step"),
         "step_s": run.mean(STEP), "fwd_bwd_s": run.mean(FWD_BWD),
         "rollout_wait_s": run.mean(WAIT), "wait_share": run.mean(WAIT) / step,
         "backpressure_s": run.mean(BACKPRESSURE), "version_wait_s": run.mean(VERSION_WAIT),
@@ -133,7 +133,7 @@ def summarize(run: KnobRun) -> dict:
         "queue": run.mean(QUEUE), "queue_max": run.mean(QUEUE_MAX),
         "staleness_mean": run.mean(STALE_MEAN),
         "staleness_max": max((r.get(STALE_MAX, 0) for r in run.records), default=0),
-        "dropped_stale": run.records[-1].get("sample/dropped_stale", 0) if run.records else 0,
+        "dropped_stale": sum(r.get("sample/dropped_stale_total", 0) for r in run.records),
         "weight_sync_s": run.mean(SYNC), "inflight_mean": run.mean(INFLIGHT),
         "inflight_peak": run.inflight_peak,
         "bottleneck": run.diagnosis.bottleneck,

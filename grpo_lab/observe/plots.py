@@ -44,7 +44,7 @@ PIPELINE_PANELS = (
     Panel("rollout queue size vs max", (QUEUE, QUEUE_MAX), ("-", "--")),
     Panel("staleness (versions)", (STALE_MEAN, STALE_MAX)),
     Panel("weight sync (s)", (SYNC,)),
-    Panel("generated tokens / s", ("rollout/generated_tok_s",)),
+    Panel("generated tokens / s", ("rollout/generated_tok_s_busy",)),
 )
 
 

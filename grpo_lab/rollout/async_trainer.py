@@ -33,7 +33,10 @@ baseline for side-by-side runs.
 process talks to the generator (worker thread, buffer, staleness clock); each step it scatters
 whole groups, one contiguous share per process, and every process trains on its share.
 
-Logged metrics: TRL's names, each explained once in grpo_lab.train.glossary.METRICS.
+Logged metrics: TRL AsyncGRPOTrainer's names where the quantity is the same (the mapping:
+grpo_lab.train.glossary.TRL_ASYNC_NAMES), each explained once in grpo_lab.train.glossary.METRICS.
+`kl` is TRL's asynchronous one, the sampler against the policy, always logged; with beta > 0
+the reference KL, which TRL's synchronous GRPOTrainer logs as `kl`, is `ref_kl` here.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ..core.generation import Completions
 from ..core.prompts import encode_prompts
 from ..train.packing import accumulate_grpo_loss, make_micro_batches
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
+from .async_metrics import async_reward_names, buffer_metrics, inline_metrics
 from .buffer import RolloutBuffer
 from .config import AsyncGRPOConfig
 from .generators import Generator, LocalGenerator
@@ -95,7 +99,8 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         self._version_offset = 0  # version - step // weight_sync_steps when the steps started
         self._worker_error: BaseException | None = None
         self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0)
-        self._last = dict(self._counters, backpressure_s=0.0, tok_s=0.0)
+        self._last = dict(self._counters, tok_s=0.0)
+        self._buffer_last: dict = {}  # the buffer's cumulative counters at the last step
         self._started_at = time.perf_counter()
 
     # ------------------------------------------------------------------ stages 1-3 (the worker)
@@ -175,7 +180,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         if not cfg.asynchronous or not self.processes.is_main:
             return
         self.buffer = RolloutBuffer(cfg.effective_buffer_size, cfg.max_staleness)
-        self._last["backpressure_s"] = 0.0
+        self._buffer_last = {}
         self._stop.clear()
         self._worker_error = None
         self._worker_busy.set()
@@ -229,6 +234,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
             correction = self.processes.combine_metrics(correction,
                                                         float(batch.completion_mask.sum()))
         metrics: dict[str, float] = {}
+        optimizer_s = 0.0
         for _ in range(cfg.num_iterations):
             loss, metrics = accumulate_grpo_loss(
                 self.train_model, micro_batches, temperature=cfg.temperature,
@@ -236,12 +242,16 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
                 max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
                 processes=self.processes)
+            start = time.perf_counter()
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
+            optimizer_s += time.perf_counter() - start
+        if "kl" in metrics:  # beta > 0: grpo_loss's reference KL; `kl` is the sampler's here
+            metrics["ref_kl"] = metrics.pop("kl")
         metrics.update(correction)
-        counts = self.processes.sum([len(micro_batches),
-                                     sum(mb.input_tokens for mb in micro_batches)])
-        metrics["perf/micro_batches"] = int(counts[0])  # every process's
-        metrics["perf/fwd_tokens"] = int(counts[1])
+        metrics["perf/optimizer_s"] = optimizer_s
+        metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
+        metrics["batch/forwarded_tokens_per_step"] = int(  # every process's
+            self.processes.sum([sum(mb.input_tokens for mb in micro_batches)])[0])
         return metrics
 
     def publish(self) -> float:
@@ -286,20 +296,21 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         metrics.update(step=self.step_count, version=self.version)
         if not self.processes.is_main:
             return metrics
-        metrics.update(**rollout_metrics(rewards, out, cfg.num_generations, parts))
+        metrics.update(async_reward_names(rollout_metrics(rewards, out, cfg.num_generations, parts),
+                                          rewards, cfg.num_generations))
         metrics.update(pipeline)
         metrics.update({
             "sample/staleness_mean": sum(staleness) / len(staleness),
             "sample/staleness_max": max(staleness),
-            "perf/fwd_bwd_s": trained - got,
+            "perf/fwd_bwd_s": trained - got - metrics["perf/optimizer_s"],
             "perf/weight_sync_s": sync_s,
             "perf/step_s": done - start,
-            "rollout/generated_tok_s": self._generation_speed(),
+            "rollout/generated_tok_s_busy": self._generation_speed(),
             "rollout/version_wait_s": self._delta("version_wait_s"),
             "time_s": done - self._started_at,
         })
         if hasattr(self.generator, "pop_inflight_peak"):
-            metrics["rollout/inflight"] = self.generator.pop_inflight_peak()
+            metrics["rollout/inflight_max"] = self.generator.pop_inflight_peak()
         return metrics
 
     def next_groups(self, start: float) -> tuple[list[ScoredGroup], list[int], dict]:
@@ -310,30 +321,17 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
             if self._worker is None:
                 self.start_steps()  # step() called directly, outside train()
             queue_size = len(self.buffer)
-            wait_before = self.buffer.stats()["perf/rollout_wait_total_s"]
             entries = self.buffer.get(cfg.prompts_per_step, trainer_version=self.version)
             if len(entries) < cfg.prompts_per_step:
                 raise RuntimeError("the rollout worker stopped") from self._worker_error
-            stats = self.buffer.stats()
-            pipeline = {
-                "perf/rollout_wait_s": stats["perf/rollout_wait_total_s"] - wait_before,
-                "rollout/backpressure_s": (stats["rollout/backpressure_total_s"]
-                                           - self._last["backpressure_s"]),
-                "sample/rollout_queue_size": queue_size,
-                "sample/rollout_queue_maxsize": self.buffer.maxsize,
-                "sample/dropped_stale": stats["sample/dropped_stale"],
-            }
-            self._last["backpressure_s"] = stats["rollout/backpressure_total_s"]
+            pipeline = buffer_metrics(self.buffer.stats(), self._buffer_last, queue_size,
+                                      cfg.num_generations)
             return [e.item for e in entries], [e.staleness for e in entries], pipeline
         self.publish_current()  # step() called directly, outside train()
         torch.set_num_threads(cfg.generator_threads)
         groups = self.produce(self.version)
         torch.set_num_threads(cfg.trainer_threads)
-        pipeline = {"perf/rollout_wait_s": time.perf_counter() - start,
-                    "perf/generate_s": time.perf_counter() - start,
-                    "rollout/backpressure_s": 0.0, "sample/rollout_queue_size": 0,
-                    "sample/rollout_queue_maxsize": 0, "sample/dropped_stale": 0}
-        return groups, [0], pipeline
+        return groups, [0], inline_metrics(time.perf_counter() - start)
 
     def _delta(self, name: str) -> float:
         now = self._counters[name]  # read once: the worker thread keeps adding to it

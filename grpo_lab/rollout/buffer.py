@@ -8,21 +8,22 @@ version. The buffer does three jobs of the recipe:
    ahead of training; the time producers spend blocked is *backpressure*.
 2. **Enforces `max_staleness`.** An item whose version lags the trainer's by more than
    `max_staleness` is dropped when the trainer asks for a batch, and counted.
-3. **Measures the pipeline** under the metric names of TRL's `AsyncGRPOTrainer`, so the
-   diagnosis in the recipe ("full queue + zero wait + high backpressure = trainer too slow")
-   can be read straight off `stats()`.
+3. **Measures the pipeline**, so the diagnosis in the recipe ("full queue + zero wait + high
+   backpressure = trainer too slow") can be read straight off `stats()`.
 
-Logged metrics (`stats()`):
+`stats()` counts items (in the trainers an item is one prompt's group of G completions) and is
+cumulative where the name says so; the asynchronous trainer turns it into per-step values under
+TRL AsyncGRPOTrainer's names (grpo_lab.rollout.async_metrics, grpo_lab.train.glossary):
 
 - `sample/rollout_queue_size`: items in the buffer now.
 - `sample/rollout_queue_maxsize`: the bound; size == maxsize means generation is throttled.
-- `rollout/backpressure_total_s`: seconds producers spent blocked in `put` waiting for room,
-  cumulative since the buffer was made (the trainers log the per-step difference as
-  `rollout/backpressure_s`: grpo_lab.train.glossary).
-- `perf/rollout_wait_total_s`: seconds consumers spent blocked in `get` waiting for items,
-  cumulative (logged per step as `perf/rollout_wait_s`).
-- `sample/enqueued`, `sample/delivered`, `sample/dropped_stale`: cumulative item counts;
-  `enqueued == delivered + dropped_stale + rollout_queue_size` at every moment.
+- `rollout/backpressure_cumulative_s`: seconds producers spent blocked in `put` waiting for
+  room, since the buffer was made (per step: `rollout/backpressure_total_s`).
+- `perf/rollout_wait_cumulative_s`: seconds consumers spent blocked in `get` waiting for items,
+  since the buffer was made (per step: `perf/rollout_wait_s`).
+- `sample/enqueued`, `sample/delivered`, `sample/dropped_stale_cumulative`: item counts since
+  the buffer was made; `enqueued == delivered + dropped_stale_cumulative + rollout_queue_size`
+  at every moment (per step, in completions: `sample/dropped_stale_total`).
 - `sample/staleness_mean`, `sample/staleness_max`: version lag (trainer version - item version)
   of the items delivered by the *last* `get` (0 before the first delivery).
 - `sample/time_in_queue_mean_s`: mean seconds between `put` and delivery, *last* `get`.
@@ -228,11 +229,11 @@ class RolloutBuffer(Generic[T]):
             return {
                 "sample/rollout_queue_size": len(self._slots),
                 "sample/rollout_queue_maxsize": self.maxsize,
-                "rollout/backpressure_total_s": self._backpressure_s,
-                "perf/rollout_wait_total_s": self._rollout_wait_s,
+                "rollout/backpressure_cumulative_s": self._backpressure_s,
+                "perf/rollout_wait_cumulative_s": self._rollout_wait_s,
                 "sample/enqueued": self._enqueued,
                 "sample/delivered": self._delivered,
-                "sample/dropped_stale": self._dropped_stale,
+                "sample/dropped_stale_cumulative": self._dropped_stale,
                 "sample/staleness_mean": self._last_staleness_mean,
                 "sample/staleness_max": self._last_staleness_max,
                 "sample/time_in_queue_mean_s": self._last_time_in_queue_mean_s,

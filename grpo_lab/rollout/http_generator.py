@@ -181,7 +181,7 @@ class HTTPGenerator:
 
     def pop_inflight_peak(self) -> int:
         """The most requests in flight at once since the last call (the trainer logs it per
-        step as `rollout/inflight`)."""
+        step as `rollout/inflight_max`)."""
         peak, self._recent_peak = self._recent_peak, self._inflight
         return peak
 

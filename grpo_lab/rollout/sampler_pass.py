@@ -1,5 +1,6 @@
 """The asynchronous trainer's pass before its update: the trainer's own logprobs of the samples
-(pi_old), TRL AsyncGRPOTrainer's `kl` (the k3 estimate of KL(pi_sampler || pi_theta)), and, with
+(pi_old), TRL AsyncGRPOTrainer's `kl` (the k3 estimate of KL(pi_sampler || pi_theta), logged at
+every step as TRL does; with beta > 0 the reference KL is `ref_kl`), and, with
 `vllm_importance_sampling_correction`, TRL's correction of the sampler/trainer mismatch: each
 token's loss weighted by pi_old / pi_sampler, truncated or masked (grpo_lab.core.sampler_correction),
 and the ratio taken against pi_old. At staleness k the weights also carry the k versions' drift,
@@ -43,8 +44,9 @@ class SamplerPass:
         return logps
 
     def correct_for_sampler(self, batch: RolloutBatch, micro_batches: list) -> dict[str, float]:
-        """Before the update: TRL AsyncGRPOTrainer's `kl` (sampler vs current policy), and with
-        `vllm_importance_sampling_correction` TRL's correction, set into the micro-batches.
+        """Before the update: TRL AsyncGRPOTrainer's `kl` (sampler vs current policy, whatever
+        beta), and with `vllm_importance_sampling_correction` TRL's correction, set into the
+        micro-batches.
 
         `batch.old_logps` are the sampler's (the generator's, a server's over HTTP). pi_old is
         the trainer's current policy: at staleness 0 the sampler's weights, so the weights
@@ -54,12 +56,8 @@ class SamplerPass:
         """
         cfg = self.config
         mask = batch.completion_mask
-        if not cfg.vllm_importance_sampling_correction and cfg.beta > 0:
-            return {}  # `kl` already names the reference KL: nothing to log, no pass to pay
         old_logps = self.trainer_logprobs(batch, micro_batches)
-        metrics = {}
-        if cfg.beta == 0:  # with beta > 0, grpo_loss logs the reference KL under the same name
-            metrics["kl"] = sampler_kl(old_logps, batch.old_logps, mask)
+        metrics = {"kl": sampler_kl(old_logps, batch.old_logps, mask)}
         if not cfg.vllm_importance_sampling_correction:
             return metrics
         weights, correction = self.sampler_weights(old_logps, batch.old_logps, mask)

@@ -15,6 +15,8 @@ buffer's `stats()` (grpo_lab.rollout.buffer, cumulative since the buffer was mad
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 METRICS: dict[str, str] = {
     # --- both trainers ---
     "step": "optimizer steps done so far (1 after the first step)",
@@ -126,14 +128,112 @@ def unknown_metrics(record: dict) -> list[str]:
     return sorted(name for name in record if glossary_name(name) not in METRICS)
 
 
+class TRLName(NamedTuple):
+    """One row of a mapping from grpo_lab's metric names to TRL's."""
+
+    ours: str | None  # None: grpo_lab does not log it (`*` stands for any name)
+    trl: str | None  # None: TRL does not log it
+    same: bool  # the same quantity (then the same name; tests/test_metric_names.py checks)
+    note: str = ""
+
+
+WINDOW = "TRL: the completions generated in the logging window; grpo_lab: the step's"
+TRL_ASYNC_NAMES: list[TRLName] = [  # grpo_lab's AsyncGRPOTrainer and TRL's AsyncGRPOTrainer
+    TRLName("step", None, False, "transformers' `log_history` carries it"),
+    TRLName("reward", "reward", True),
+    TRLName("reward_std", "reward_std", True, "the mean within-group std (GRPOTrainer's "
+            "`reward_std` is the std over the step)"),
+    TRLName("rewards/<name>", "rewards/<name>", True, "GRPOTrainer: `rewards/<name>/mean`"),
+    TRLName("rewards/<name>/std", None, False, "GRPOTrainer's name"),
+    TRLName("frac_reward_zero_std", None, False, "GRPOTrainer's name"),
+    TRLName("completions/mean_length", "completions/mean_length", True, WINDOW),
+    TRLName("completions/min_length", "completions/min_length", True, WINDOW),
+    TRLName("completions/max_length", "completions/max_length", True, WINDOW),
+    TRLName("completions/clipped_ratio", "completions/clipped_ratio", True, WINDOW),
+    TRLName("loss", "loss", True, "logged by transformers' Trainer; TRL's is the token mean "
+            "(loss_type `dapo`)"),
+    TRLName("grad_norm", "grad_norm", True, "logged by transformers' Trainer"),
+    TRLName("ratio", "ratio", True),
+    TRLName("kl", "kl", True, "k3 of KL(pi_sampler || pi_theta), every step"),
+    TRLName("ref_kl", None, False, "beta > 0; TRL's asynchronous trainer has no reference model "
+            "(GRPOTrainer logs this as `kl`)"),
+    TRLName("entropy", "entropy", True),
+    TRLName("clip_ratio/low_mean", "clip_ratio/low_mean", True),
+    TRLName("clip_ratio/high_mean", "clip_ratio/high_mean", True),
+    TRLName("clip_ratio/region_mean", "clip_ratio/region_mean", True),
+    TRLName(None, "clip_ratio/low_min", False, "and `clip_ratio/high_max`: per-completion "
+            "extremes"),
+    TRLName("sampling/*", None, False, "GRPOTrainer's names (vllm_importance_sampling_correction)"),
+    TRLName("eval/accuracy", None, False, "TRL's asynchronous trainer does not evaluate"),
+    TRLName("perf/step_s", "perf/step_s", True, "TRL: from one step's end to the next's"),
+    TRLName("perf/fwd_bwd_s", "perf/fwd_bwd_s", True, "grpo_lab's also counts its no-grad "
+            "passes, which TRL does not make"),
+    TRLName(None, "perf/fwd_s", False, "the forward part alone"),
+    TRLName("perf/optimizer_s", "perf/optimizer_s", True),
+    TRLName("perf/generate_s", None, False, "`asynchronous=False` only"),
+    TRLName("perf/rollout_wait_s", "perf/rollout_wait_s", True),
+    TRLName("perf/weight_sync_s", "perf/weight_sync_s", True, "grpo_lab logs 0 on steps without "
+            "a sync, TRL nothing"),
+    TRLName(None, "perf/weight_sync_transfer_s", False, "and `_pause_s`, `_barrier_s`: an NCCL "
+            "sync's phases"),
+    TRLName(None, "perf/mfu_fwd_bwd", False, "model FLOPs utilisation (CUDA)"),
+    TRLName("batch/microbatches_per_step", "batch/microbatches_per_step", True),
+    TRLName("batch/forwarded_tokens_per_step", "batch/forwarded_tokens_per_step", True,
+            "TRL's prefix-tree rows share a group's prompt, grpo_lab's rows count their padding"),
+    TRLName(None, "batch/trained_tokens_per_step", False, "completion tokens"),
+    TRLName(None, "batch/samples_per_step", False, "prompts_per_step x G here"),
+    TRLName(None, "batch/packing_ratio", False, "TRL's prefix-tree packing (`batch/row_*` too)"),
+    TRLName("version", None, False, "TRL keeps its `model_version` unlogged"),
+    TRLName("time_s", None, False),
+    TRLName("rollout/backpressure_total_s", "rollout/backpressure_s", False, "grpo_lab: the "
+            "step's blocked seconds, summed; TRL: the mean wait of a blocked put (one per "
+            "completion)"),
+    TRLName("rollout/version_wait_s", None, False, "grpo_lab's admission rule; TRL drops stale "
+            "samples instead"),
+    TRLName("rollout/generated_tok_s_busy", "rollout/generated_tok_s", False, "grpo_lab: per "
+            "second of the worker's busy time; TRL: per wall second, stalls included"),
+    TRLName("rollout/inflight_max", "rollout/inflight", False, "grpo_lab: the most in flight "
+            "since the last step; TRL: the mean count as each group is scored"),
+    TRLName(None, "rollout/score_s", False, "TRL scores in a stage of its own "
+            "(`rollout/score_wait_s`, `rollout/score_block_s` too)"),
+    TRLName("sample/rollout_queue_size", "sample/rollout_queue_size", True, "in completions; "
+            "grpo_lab reads it once per step, TRL at each pull"),
+    TRLName("sample/rollout_queue_maxsize", None, False, "TRL's `queue_maxsize` setting"),
+    TRLName("sample/staleness_mean", "sample/staleness_mean", True),
+    TRLName("sample/staleness_max", "sample/staleness_max", True),
+    TRLName("sample/dropped_stale_total", "sample/dropped_stale_total", True, "in completions; "
+            "grpo_lab drops whole groups"),
+    TRLName("sample/time_in_queue_s", "sample/time_in_queue_s", True),
+]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # `||` in a KL would end the cell
+
+
+def mapping_markdown(rows: list[TRLName]) -> str:
+    """A mapping as a markdown table."""
+    def name(n):
+        return f"`{n}`" if n else "-"
+    return ("| grpo_lab | TRL | same quantity | note |\n|---|---|---|---|\n"
+            + "".join(f"| {name(r.ours)} | {name(r.trl)} | {'yes' if r.same else 'no'} | "
+                      f"{_cell(r.note)} |\n" for r in rows))
+
+
 def glossary_markdown() -> str:
     """The table as `docs/metrics.md` (tests/test_trainer.py checks that the file is current:
     `python -c "from grpo_lab.train.glossary import glossary_markdown as g; print(g(), end='')"
     > docs/metrics.md`)."""
-    rows = "".join(f"| `{name}` | {meaning} |\n" for name, meaning in METRICS.items())
+    rows = "".join(f"| `{name}` | {_cell(meaning)} |\n" for name, meaning in METRICS.items())
     return ("# The metrics grpo_lab logs\n\n"
             "Every name the trainers write to `metrics.jsonl`, with its meaning. One source: "
-            "`grpo_lab.train.glossary.METRICS`. Names follow TRL's `GRPOTrainer` and "
-            "`AsyncGRPOTrainer` where TRL logs the same thing; values are per step unless the "
-            "meaning says cumulative.\n\n| metric | meaning |\n|---|---|\n" + rows)
+            "`grpo_lab.train.glossary.METRICS`. The synchronous trainer's names are those of "
+            "TRL's `GRPOTrainer`, the asynchronous trainer's those of TRL's `AsyncGRPOTrainer`, "
+            "where TRL logs the same quantity; values are per step.\n\n"
+            "| metric | meaning |\n|---|---|\n" + rows
+            + "\n## grpo_lab's AsyncGRPOTrainer and TRL's AsyncGRPOTrainer\n\n"
+            "`grpo_lab.train.glossary.TRL_ASYNC_NAMES` (tests/test_metric_names.py checks the TRL "
+            "names against TRL's source): where the quantity differs, grpo_lab's name is not "
+            "TRL's. The synchronous mapping, to TRL's `GRPOTrainer`, is notebook 03's.\n\n"
+            + mapping_markdown(TRL_ASYNC_NAMES))
 

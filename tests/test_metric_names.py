@@ -1,0 +1,127 @@
+"""grpo_lab's metric names against TRL's: the asynchronous trainer's mapping
+(grpo_lab.train.glossary.TRL_ASYNC_NAMES) read against the source of the installed TRL.
+
+TRL's AsyncGRPOTrainer appends its metrics to a few sinks (`self.metrics[...]`,
+`self._metrics["train"][...]`, the rollout worker's `_push_metrics({...})`, `_rates`,
+`_counters`, each sample's `metrics = {...}`), and transformers' Trainer adds `logs["loss"]` and
+`logs["grad_norm"]`. The keys are read from those files with `ast`, nothing of TRL is imported.
+(tests/test_async_trainer.py checks that every name the trainer logs has a row.)
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from grpo_lab.train.glossary import METRICS, TRL_ASYNC_NAMES, glossary_name
+
+
+def _package_dir(name: str) -> Path:
+    return Path(importlib.util.find_spec(name).origin).parent
+
+
+ASYNC_GRPO = _package_dir("trl") / "experimental" / "async_grpo"
+TRL_ASYNC_SOURCES = [ASYNC_GRPO / "async_grpo_trainer.py", ASYNC_GRPO / "async_rollout_worker.py"]
+TRANSFORMERS_TRAINER = _package_dir("transformers") / "trainer.py"
+SINKS = ("metrics", "_metrics['train']", "_rates", "_counters", "logs")
+
+
+def _key(node: ast.AST | None) -> str | None:
+    """A key as the mapping writes it: `f"rewards/{name}"` -> `rewards/<name>`."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "<name>" for v in node.values)
+    return None
+
+
+def logged_keys(path: Path) -> set[str]:
+    """Every string key the file appends to one of the metric sinks."""
+    keys = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith(SINKS):
+            keys.add(_key(node.slice))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_push_metrics"):
+            keys.update(_key(k) for arg in node.args if isinstance(arg, ast.Dict)
+                        for k in arg.keys)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "metrics" for t in node.targets):
+            for sub in ast.walk(node.value):  # a sample's metrics, `**{f"rewards/{n}": ...}` too
+                if isinstance(sub, ast.Dict):
+                    keys.update(_key(k) for k in sub.keys)
+                elif isinstance(sub, ast.DictComp):
+                    keys.add(_key(sub.key))
+    keys.discard(None)
+    return keys
+
+
+@pytest.fixture(scope="module")
+def trl_async_keys() -> set[str]:
+    keys = set().union(*(logged_keys(path) for path in TRL_ASYNC_SOURCES))
+    assert {"kl", "ratio", "sample/staleness_mean", "perf/step_s"} <= keys, "the sinks moved"
+    return keys
+
+
+@pytest.fixture(scope="module")
+def trainer_keys() -> set[str]:
+    keys = logged_keys(TRANSFORMERS_TRAINER)
+    assert {"loss", "grad_norm"} <= keys, "transformers' Trainer logs elsewhere now"
+    return keys
+
+
+def test_every_trl_name_in_the_mapping_is_one_trl_logs(trl_async_keys, trainer_keys):
+    missing = [r.trl for r in TRL_ASYNC_NAMES
+               if r.trl and r.trl not in trl_async_keys | trainer_keys]
+    assert not missing, f"TRL's AsyncGRPOTrainer logs none of {missing}"
+
+
+def test_the_same_quantity_has_trls_name_and_a_different_one_never_does(trl_async_keys,
+                                                                         trainer_keys):
+    for row in TRL_ASYNC_NAMES:
+        if row.same:
+            assert row.ours == row.trl, f"{row.ours} is TRL's {row.trl}: use TRL's name"
+        elif row.ours:
+            assert row.ours not in trl_async_keys | trainer_keys, (
+                f"{row.ours} is not TRL's quantity of that name: rename it")
+
+
+def test_every_glossary_name_trl_async_logs_is_mapped_as_the_same(trl_async_keys):
+    """The clash this mapping exists for: a name in the glossary that TRL's asynchronous
+    trainer also logs must be the same quantity there."""
+    same = {r.ours for r in TRL_ASYNC_NAMES if r.same}
+    clashes = sorted(set(METRICS) & trl_async_keys - same)
+    assert not clashes, f"logged by TRL's AsyncGRPOTrainer as something else: {clashes}"
+
+
+def test_every_grpo_lab_name_in_the_mapping_is_in_the_glossary_once():
+    ours = [r.ours for r in TRL_ASYNC_NAMES if r.ours]
+    assert len(ours) == len(set(ours))
+    trls = [r.trl for r in TRL_ASYNC_NAMES if r.trl]
+    assert len(trls) == len(set(trls))
+    unexplained = [n for n in ours if not any(fnmatch(m, n) for m in METRICS)]
+    assert not unexplained, f"not in grpo_lab.train.glossary.METRICS: {unexplained}"
+    assert glossary_name("rewards/format") == "rewards/<name>"
+    assert glossary_name("rewards/format/std") == "rewards/<name>/std"
+
+
+def test_async_reward_metrics_are_reduced_as_trls_rollout_worker_does():
+    import numpy as np
+    import torch
+
+    from grpo_lab.rollout.async_metrics import async_reward_names
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0])  # G = 4
+    ours = async_reward_names({"reward": 0.5, "reward_std": rewards.std().item(),
+                               "rewards/format/mean": 0.25, "rewards/format/std": 0.1},
+                              rewards, group_size=4)
+    # TRL's worker: each sample carries np.std of its group's rewards; the log averages samples
+    per_sample = [np.std(g) for g in rewards.view(3, 4).numpy() for _ in range(4)]
+    assert ours["reward_std"] == pytest.approx(float(np.mean(per_sample)))
+    assert ours["reward_std"] != pytest.approx(rewards.std().item())  # not GRPOTrainer's
+    assert {k: ours[k] for k in ("rewards/format", "rewards/format/std")} == {
+        "rewards/format": 0.25, "rewards/format/std": 0.1}
+    assert "rewards/format/mean" not in ours
