@@ -148,18 +148,19 @@ def test_remembered_prompt_hashes_change_no_decision(monkeypatch):
     # must decide exactly the same
     rng = random.Random(0)
     prompts = [TEMPLATE + tokens(rng.randrange(10**6), rng.randrange(4)) for _ in range(6)]
-    routers = {n: PrefixRouter(2, RouterConfig(imbalance=1)) for n in (0, 3)}
+    routers = {n: PrefixRouter(2, RouterConfig(imbalance=1)) for n in (0, 3 * 4 * BS)}
     for step in range(300):
         prompt, adapter = rng.choice(prompts), rng.choice(["v1", "v2"])
         finish = rng.random() < 0.4
         decisions = []
         for n, router in routers.items():
-            monkeypatch.setattr(router_module, "RECENT_PROMPTS", n)
+            monkeypatch.setattr(router_module, "RECENT_PROMPT_TOKENS", n)
             decisions.append(router.route(prompt, adapter))
             if finish:
                 router.finish(decisions[-1].replica)
         assert decisions[0] == decisions[1], step
-    assert routers[0].stats() == routers[3].stats()
+    assert routers[0].stats() == routers[3 * 4 * BS].stats()
+    assert not routers[0]._recent and 0 < routers[3 * 4 * BS]._recent_tokens <= 3 * 4 * BS
 
 
 def test_round_robin_on_ties():

@@ -21,17 +21,14 @@ Logged metrics (`PrefixRouter.stats()`):
 - `inflight`: requests routed to each replica and not yet finished.
 - `tracked_blocks`, `evicted`: size of the LRU block table and how many blocks it dropped.
 
-The load guard. Affinity sends all G rollouts of a prompt to one replica, so while a group is
-being issued its replica runs ahead of the others by design: +1 for each of its G requests, and
-the completions that free the slots for them fall on any replica, which adds a few more (about
-sqrt(G)). The guard is there for a replica that is busier than that, not for every ordinary group:
-set `imbalance` above G + sqrt(G), about 1.5 G. The default, 12, is that for TRL's G = 8. With the
-reference proxy's 8 (= G) the last rollouts of ordinary groups spill: the replay
-(benchmarks/routing_replay.py, 2 replicas) spills 0.95 %, every spill at rollouts 5 to 7 of its
-group, and each spill leaves the prompt on both replicas (the reference's labels then count the
-group's later rollouts unmatched: 13.16 %). With 12 it spills 0.02 % and the reference's unmatched
-is 12.67 %, 0.17 points over the 1/G floor; the mean in-flight gap between the replicas moves
-from 3.0 to 3.2 requests (of about 64 each), its maximum from 8 to 12.
+The load guard. Affinity sends a prompt's G rollouts to one replica, so while a group is issued
+its replica runs ahead by design: +1 per rollout, plus a few (about sqrt(G)) from which replicas
+the completions that free the slots fall on. The guard is for a replica busier than that, so
+`imbalance` should exceed G + sqrt(G): about 1.5 G, 12 for TRL's G = 8 (the default). At the
+reference proxy's 8 = G the replay (benchmarks/routing_replay.py, 2 replicas) spills the last
+rollouts of ordinary groups, 0.95 % (13.16 % unmatched under the reference's labels: a spilled
+prompt is on both replicas); at 12, 0.02 % (12.67 %; floor 1/G = 12.5 %), and the mean in-flight
+gap between the replicas goes from 3.0 to 3.2 requests (of about 64 each), its maximum 8 to 12.
 
 `RouterConfig.routing = "round-robin"` is the baseline to measure affinity against
 (benchmarks/routing_cache.py): each request goes to the next up replica in turn, whatever it
@@ -49,10 +46,10 @@ from typing import Literal
 from ..serving.block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
 
 RouteKind = Literal["affinity", "spill", "unmatched"]
-RECENT_PROMPTS = 1024
-"""`route` keeps the block hashes of the last this many distinct (adapter, prompt) pairs: a GRPO
-group's G rollouts share one prompt and arrive within a step's requests, so all but the first
-skip the hashing."""
+RECENT_PROMPT_TOKENS = 1 << 18
+"""`route` keeps the block hashes of the most recent (adapter, prompt) pairs, up to this many
+prompt tokens in all (about 10 MB): a GRPO group's G rollouts share one prompt and arrive within
+a step's requests, so all but the first skip the hashing."""
 
 
 @dataclass(kw_only=True)  # keyword-only: ProxyConfig inherits these after its own positional ones
@@ -140,6 +137,7 @@ class PrefixRouter:
         self._everywhere = 0  # affinity requests whose prompt every up replica cached
         self._rr = 0  # where ties between equally loaded replicas start looking
         self._recent: dict[tuple, list[int]] = {}  # (adapter, prompt) -> hashes, oldest first
+        self._recent_tokens = 0  # prompt tokens in `_recent`'s keys
 
     # ---- hashing -------------------------------------------------------------------------------
 
@@ -153,6 +151,19 @@ class PrefixRouter:
         """
         return chained_block_hashes(token_ids, adapter_name, self.config.block_size)
 
+    def _recent_hashes(self, token_ids: Sequence[int], adapter_name: str) -> list[int]:
+        """`block_hashes`, remembered for the most recent prompts (RECENT_PROMPT_TOKENS)."""
+        key = (adapter_name, tuple(token_ids))
+        hashes = self._recent.get(key)
+        if hashes is None:
+            hashes = self._recent[key] = self.block_hashes(token_ids, adapter_name)
+            self._recent_tokens += len(key[1])
+            while self._recent_tokens > RECENT_PROMPT_TOKENS:  # forget the oldest
+                oldest = next(iter(self._recent))
+                del self._recent[oldest]
+                self._recent_tokens -= len(oldest[1])
+        return hashes
+
     # ---- routing -------------------------------------------------------------------------------
 
     def route(self, token_ids: Sequence[int], adapter_name: str,
@@ -165,16 +176,8 @@ class PrefixRouter:
             raise NoReplicaAvailable(f"all replicas are marked down: {self.replicas}")
         if avoid:
             up = [i for i in up if self.replicas[i] not in avoid] or up
-        up_mask = 0
-        for r in up:
-            up_mask |= 1 << r
-        recent = self._recent
-        key = (adapter_name, tuple(token_ids))
-        hashes = recent.get(key)
-        if hashes is None:
-            hashes = recent[key] = self.block_hashes(token_ids, adapter_name)
-            if len(recent) > RECENT_PROMPTS:
-                del recent[next(iter(recent))]
+        up_mask = sum(1 << r for r in up)
+        hashes = self._recent_hashes(token_ids, adapter_name)
         get = self._table.get
         blocks = [get(h) for h in hashes]
 
@@ -203,9 +206,7 @@ class PrefixRouter:
                         matched[r] = i
                 alive &= block.owners
             seen = i + 1
-        for r in up:
-            if alive >> r & 1:
-                matched[r] = seen
+        matched.update((r, seen) for r in up if alive >> r & 1)  # matched every block seen
         # minus the common prefix = each replica's specific match
         specific = {r: m - common if m > common else 0 for r, m in matched.items()}
         best_match = max(specific.values())
@@ -241,9 +242,8 @@ class PrefixRouter:
         self._everywhere += everywhere
         return RouteDecision(self.replicas[pick], kind, best_match, common, len(hashes), everywhere)
 
-    def route_batch(
-        self, prompts: Sequence[Sequence[int]], adapter_name: str
-    ) -> list[RouteDecision]:
+    def route_batch(self, prompts: Sequence[Sequence[int]],
+                    adapter_name: str) -> list[RouteDecision]:
         """Route each prompt of a batched request on its own (the reference proxy used only the
         first prompt, which sends a batch of unrelated prompts to one replica)."""
         return [self.route(token_ids, adapter_name) for token_ids in prompts]
