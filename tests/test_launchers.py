@@ -24,7 +24,6 @@ from huggingface_hub import Volume
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
-from grpo_lab.cli.train_async import TrainAsyncJobConfig
 from grpo_lab.jobs.blog import BLOG_TRAINING, PRESETS
 from grpo_lab.jobs.hf_jobs import (
     HfJobsLauncher,
@@ -52,6 +51,7 @@ from grpo_lab.jobs.specs import (
     free_port,
     package_wheel_name,
 )
+from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
 from grpo_lab.observe.live_stats import proxy_stats, router_counters
 from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.serving.config import ServeConfig
@@ -666,7 +666,7 @@ def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
     own --request-shape, with its checkpoints; --resume (a restarted job continues from TRL's
     newest checkpoint) and no --local-dir (the job rewrites its files whole); `kernels` (TRL's
     attention kernel) installed beside the wheel in the vLLM image."""
-    from grpo_lab.rollout.trl_async import TrlAsyncJobConfig
+    from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig
 
     plans = {"gpu": blog_plan(trainer="trl"),
              "gpu-trainer-cpu-replicas": recipe_plan(backend="hf-jobs", bucket=BUCKET,

@@ -15,8 +15,8 @@ import pytest
 
 from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
-from grpo_lab.cli.train_async import TrainAsyncJobConfig
 from grpo_lab.jobs.plan import recipe_plan
+from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
 from grpo_lab.serving.process import start_server_process
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.

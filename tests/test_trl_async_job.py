@@ -29,16 +29,11 @@ import pytest
 import torch
 
 from grpo_lab.core.chat_model import SYSTEM_PROMPT
+from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
 from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.rollout.trl_async import (
-    LORA_NAME,
-    TrlAsyncJobConfig,
-    micro_batch_size,
-    reward_funcs,
-    trl_config,
-    with_response_parser,
-)
+from grpo_lab.rollout.trl_async import LORA_NAME, micro_batch_size, trl_config
 from grpo_lab.rollout.trl_cpu import tree_attention_cpu
+from grpo_lab.rollout.trl_data import reward_funcs, with_response_parser
 
 STAND_INS = Path(__file__).parent / "trl_stand_ins"
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +205,6 @@ def test_help_lists_the_flags(command, capsys):
 def test_without_vllm_the_job_says_what_to_do(tmp_path, monkeypatch):
     from grpo_lab.rollout import trl_async
 
-    run_train_trl_async = trl_async.run_train_trl_async
     assert "trl_stand_ins" not in str(trl_async.vllm_origin())  # on the job's path only
     monkeypatch.setattr(trl_async, "vllm_origin", lambda: None)  # as where vllm is missing
     with pytest.raises(ValueError, match="vLLM image"):

@@ -1,4 +1,4 @@
-"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (grpo_lab.rollout.trl_async).
+"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (grpo_lab.jobs.trl_async_job).
 
     grpo-lab train-trl-async --server-url http://127.0.0.1:8000 --output-dir runs/trl \\
         --model tiny-chat --dataset <chat model>/data --reward math_answer --steps 50
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
+from ..jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
 from ..rollout.config import AsyncGRPOConfig
-from ..rollout.trl_async import TrlAsyncJobConfig, run_train_trl_async
 from .flags import add_config_flags, config_from_args
 
 
