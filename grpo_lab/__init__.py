@@ -15,7 +15,8 @@ own stage and the stages above it, never from one below (tests/test_layout.py ch
     rollout/   the rollout buffer, generators (local and over HTTP), the
                asynchronous trainer                                            04, 05
     proxy/     `grpo-lab proxy`: replicas behind one URL, KV-prefix routing    06
-    jobs/      the recipe's jobs as a plan, run locally or on HF Jobs          07
+    jobs/      the recipe's jobs as a plan, run locally or on HF Jobs; the
+               two trainer jobs (grpo_lab's trainer or TRL's)                  07
     observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs 08
     cli/       the `grpo-lab` command, the demos, running the notebooks        all
 
