@@ -18,7 +18,7 @@ own stage and the stages above it, never from one below (tests/test_layout.py ch
     jobs/      the recipe's jobs as a plan, run locally or on HF Jobs; the
                two trainer jobs (grpo_lab's trainer or TRL's)                  07
     observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs 08
-    cli/       the `grpo-lab` command, the demos, running the notebooks        all
+    cli/       the `grpo-lab` command and the demos                            07
 
 Why this order and not the notebooks' exactly: rollout's `HTTPGenerator` (notebook 05) talks to
 a server through serving's client and publishes adapters into the bucket, so bucket and serving
