@@ -107,6 +107,35 @@ NOTEBOOK_GOALS = {
                 r["sampler_mismatch"]["vLLM bfloat16"]["max_diff"] > 1e-2
                 and r["sampler_mismatch"]["vLLM bfloat16"]["weight_deviation"] > 1e-2),
     },
+    "05b_three_policies": {
+        # 1. the four objectives on one batch: autograd through grpo_lab = the hand formulas
+        "each token's gradient = its hand formula, all five objectives (< 1e-4)":
+            lambda r: r["hand_error"] < 1e-4,
+        "TIS weights <= C = 2; MIS zeroes exactly the tokens outside its band":
+            lambda r: r["tis_max_coefficient"] <= 2 + 1e-6 and r["mis_outside_band"] == 0,
+        "wrong weights: mean pi_prox / mu within 0.1 of 1, yet k3 > 1e-2":
+            lambda r: abs(r["batch"]["mean"] - 1) < 0.1 and r["batch"]["k3"] > 1e-2,
+        # 2. staleness (measured 3 seeds: kl 1e-4 at k = 1, 2e-3 at k = 8; accuracy within 1.9 points)
+        "staleness = max_staleness after the warm-up":
+            lambda r: all(abs(s["staleness"] - int(k)) < 0.5 for k, s in r["staleness"].items()),
+        "kl at the float32 floor at k = 0 and growing with k":
+            lambda r: abs(r["staleness"]["0"]["kl"]) < 1e-6 and all(
+                a["kl"] < b["kl"] for a, b in zip(list(r["staleness"].values()),
+                                                  list(r["staleness"].values())[1:])),
+        "no cost of staleness beyond 6 points": lambda r: r["staleness_cost"] < 0.06,
+        # 3. a frozen replica (measured 3 seeds: corrections' kl 5-9x the clip alone's)
+        "frozen replica: every objective logs the same rewards (the behaviour's)":
+            lambda r: r["same_rewards"],
+        "frozen replica: the corrections' kl > 3x the clip alone's":
+            lambda r: all(s["kl"] > 3 * r["frozen"]["clip alone"]["kl"]
+                          for n, s in r["frozen"].items() if n != "clip alone"),
+        "frozen replica: logged weights within their caps (2, 3, 5)":
+            lambda r: r["weights_logged"]["TIS (C=2)"][1] <= 2 + 1e-6
+            and r["weights_logged"]["MIS (sequence, C_max=3)"][1] <= 3 + 1e-6
+            and r["weights_logged"]["AReaL (cap 5)"][1] <= 5 + 1e-6,
+        "frozen replica: the clip alone trails a replica that updates (measured 4.3-5.0 points)":
+            lambda r: r["frozen_clip_gap"] > 0.015,
+    },
     "06_proxy_and_kv_routing": {
         "shared_blocks == 1": lambda r: r["shared_blocks"] == 1,
         "walkthrough": lambda r: r["walkthrough"] == ["unmatched", "affinity", "unmatched",
