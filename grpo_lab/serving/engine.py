@@ -13,8 +13,9 @@ Continuous batching (Orca, Yu et al. 2022; vLLM) re-forms the batch between deco
         retire   rows that hit EOS, a stop token, max_tokens or max_model_len; answer their request
 
 The batch's rows are kept sorted by adapter, so the LoRA hooks (grpo_lab.serving.lora_registry)
-add each adapter's delta to one contiguous slice. The KV cache is an ordinary transformers
-`DynamicCache` whose rows we select, left pad and concatenate when the batch changes.
+add each adapter's delta to one contiguous slice. The KV cache is a transformers `Cache` whose
+layers write each step's column into room reserved ahead (grpo_lab.serving.batch), instead of
+concatenating the whole cache at every step; its rows are rebuilt when the batch changes.
 
 The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
 sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports
@@ -73,12 +74,8 @@ class Engine(Prefill, RunningBatch):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        # Owned by the engine thread: the running batch.
-        self._rows: list[Sequence] = []
-        self._cache = None  # DynamicCache, one row per running sequence
-        # (B, L) 1 on real tokens; (B,) the last sampled token of each row, not yet cached
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        self._next = torch.zeros(0, dtype=torch.long, device=self.device)
+        # Owned by the engine thread: the running batch (rows, KV cache, mask, next tokens).
+        self._reset_batch()
         self.stats = dict(steps=0, prefills=0, generated_tokens=0, max_batch=0, prompt_tokens=0,
                           cached_prompt_tokens=0)  # prefilled = prompt - cached
 
@@ -254,11 +251,10 @@ class Engine(Prefill, RunningBatch):
 
     def _decode_step(self) -> None:
         """Feed every running row its last sampled token; sample the next; retire finished rows."""
-        ones = torch.ones(len(self._rows), 1, dtype=torch.long, device=self.device)
-        self._mask = torch.cat([self._mask, ones], 1)
-        positions = (self._mask.sum(-1, keepdim=True) - 1)  # (B, 1): each row's own position
-        logits, self._cache = self._forward(self._rows, self._next.unsqueeze(1), self._mask,
-                                            positions, self._cache)
+        mask = self._decode_columns()  # (B, L + 1): one more real column per row
+        positions = mask.sum(-1, keepdim=True) - 1  # (B, 1): each row's own position
+        logits, self._cache = self._forward(self._rows, self._next.unsqueeze(1), mask, positions,
+                                            self._cache)
         self.stats["steps"] += 1
         self._next = self._sample_and_record(self._rows, logits)
         keep = [i for i, s in enumerate(self._rows) if s.finish_reason is None]

@@ -128,11 +128,11 @@ def sample(
 
     # Sample: argmax of p / q with q ~ Exp(1) from each row's generator; argmax for greedy rows.
     q = torch.empty_like(processed)
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
+    for q_row, p, gen in zip(q.unbind(0), params, generators, strict=True):  # views of q's rows
         if p.greedy:
-            q[row] = 1.0
+            q_row.fill_(1.0)
         else:
-            q[row].exponential_(generator=gen)
+            q_row.exponential_(generator=gen)
     q.clamp_(min=1e-30)  # an exact 0 would turn a zero-probability token into 0/0
     tokens = (processed.exp() / q).argmax(dim=-1)  # (B,)
     chosen = (raw if raw is not None else processed)
