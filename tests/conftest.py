@@ -130,3 +130,53 @@ def make_adapter(tiny_model_and_tokenizer):
         return Path(path)
 
     return make
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread: the test shares 2 cores with the servers or trainers it starts."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def model_copy(tiny_model_and_tokenizer):
+    """A private copy of the tiny model in eval mode (LoRA registries and PEFT add hooks and
+    layers to the model they get)."""
+    import copy
+
+    return copy.deepcopy(tiny_model_and_tokenizer[0]).eval()
+
+
+@pytest.fixture
+def peft_model(model_copy):
+    """The tiny model with a fresh rank-1 LoRA adapter on every linear layer (PEFT's B = 0: a
+    no-op until trained)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=1, lora_alpha=2, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model_copy, config).eval()
+
+
+@pytest.fixture(scope="module")
+def server_process():
+    """Factory: `server_process(**flags)` starts `grpo-lab serve tiny` with those flags (a
+    ServeConfig's fields) once per module and flags; every server it started stops when the
+    module's tests are done."""
+    from grpo_lab.serving.process import start_server_process
+
+    started = {}
+
+    def start(model: str = "tiny", **flags):
+        key = (model, tuple(sorted(flags.items())))
+        if key not in started:
+            process = start_server_process(model, **flags)
+            process.__enter__()
+            started[key] = process
+        return started[key]
+
+    yield start
+    for process in started.values():
+        process.__exit__(None, None, None)
+        assert not process.running()

@@ -23,9 +23,7 @@ WORKER = "grpo-rollout-worker"
 pytestmark = pytest.mark.timeout(120)  # a lost wake-up or a deadlock fails instead of hanging
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def step_records(records):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import stat
 import threading
 import time
@@ -14,14 +13,6 @@ from grpo_lab.bucket.adapters import (
     AdapterBucket,
     adapter_name,
 )
-
-
-@pytest.fixture(scope="module")
-def peft_model(tiny_model_and_tokenizer):
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=1, lora_alpha=2, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(copy.deepcopy(tiny_model_and_tokenizer[0]), config)
 
 
 class SlowModel:

@@ -20,12 +20,6 @@ torch.set_num_threads(1)
 PROMPTS = ["12+34=", "7+5=", "99+99=", "1+1=", "50+50="]
 
 
-@pytest.fixture
-def model_copy(tiny_model_and_tokenizer):
-    """A private copy: the LoRA registry adds hooks to the model it serves."""
-    return copy.deepcopy(tiny_model_and_tokenizer[0]).eval()
-
-
 def make_engine(model, tokenizer, **kwargs):
     kwargs.setdefault("logprobs_mode", "processed_logprobs")
     return Engine(model, eos_token_ids=[tokenizer.eos_token_id], max_model_len=64, **kwargs)

@@ -13,23 +13,13 @@ from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.rollout.generators import Generator
 from grpo_lab.rollout.http_generator import HTTPGenerator
 from grpo_lab.serving.client import ServerError
-from grpo_lab.serving.process import start_server_process
 from grpo_lab.train.trainer import pad_left, pad_right
 
 
-@pytest.fixture(scope="module")
-def server():
-    with start_server_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=4,
-                              logprobs_mode="processed_logprobs") as process:
-        yield process
-
-
 @pytest.fixture
-def peft_model(tiny_model_and_tokenizer):
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=1, lora_alpha=2, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(copy.deepcopy(tiny_model_and_tokenizer[0]), config).eval()
+def server(server_process):
+    return server_process(enable_lora=True, max_lora_rank=8, max_loras=4,
+                          logprobs_mode="processed_logprobs")
 
 
 def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_path, peft_model,

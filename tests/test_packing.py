@@ -27,9 +27,7 @@ LAYOUTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

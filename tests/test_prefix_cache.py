@@ -114,11 +114,6 @@ def test_reset_flushes_every_block_and_keeps_the_counters():
 # ------------------------------------------------------------------ the engine, on and off
 
 
-@pytest.fixture
-def model_copy(tiny_model_and_tokenizer):
-    return copy.deepcopy(tiny_model_and_tokenizer[0]).eval()
-
-
 def greedy(prompts: list[list[int]], adapter=None, max_tokens: int = 8) -> list[Sequence]:
     return [Sequence(list(p), SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                              ignore_eos=True), adapter, make_generator(i))

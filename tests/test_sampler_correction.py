@@ -28,9 +28,7 @@ SAMPLING_METRICS = {"sampling/sampling_logp_difference/mean", "sampling/sampling
                     "sampling/importance_sampling_ratio/max"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def case(log_ratios: list[list[float]], lengths: list[int]):

@@ -17,18 +17,16 @@ from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
 from grpo_lab.jobs.plan import recipe_plan
 from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
-from grpo_lab.serving.process import start_server_process
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.
 SMALL = ["--prompts-per-step", "4", "--num-generations", "4", "--eval-size", "32",
          "--eval-every", "0", "--max-staleness", "1", "--progress", "false", "--log-every", "5"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with start_server_process("tiny", enable_lora=True, max_lora_rank=1, max_loras=4,
-                              logprobs_mode="processed_logprobs") as process:
-        yield process
+@pytest.fixture
+def server(server_process):
+    return server_process(enable_lora=True, max_lora_rank=1, max_loras=4,
+                          logprobs_mode="processed_logprobs")
 
 
 def trainer_command(url: str, out: Path, steps: int, *extra: str) -> list[str]:
