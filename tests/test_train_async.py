@@ -15,6 +15,7 @@ import pytest
 
 from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
+from grpo_lab.core.jsonl import read_jsonl
 from grpo_lab.jobs.plan import recipe_plan
 from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
 
@@ -32,10 +33,6 @@ def server(server_process):
 def trainer_command(url: str, out: Path, steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grpo_lab.cli", "train-async", "--server-url", url,
             "--output-dir", str(out), "--steps", str(steps), *SMALL, *extra]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def assert_bucket_clean(bucket: Path) -> None:
