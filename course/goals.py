@@ -24,6 +24,15 @@ NOTEBOOK_GOALS = {
         "gradient 0 exactly where the clip binds": lambda r: r["clip_gradient_matches"],
         "k3 unbiased on-policy, biased off-policy (toy, |z| < 4 vs > 4)":
             lambda r: abs(r["toy_on_policy_z"]) < 4 < abs(r["toy_off_policy_z"]),
+        "k3 as a loss: gradient of KL(pi_ref || pi_theta) (< 1e-9), not KL(pi_theta || pi_ref) (> 1e-2)":
+            lambda r: r["k3_grad_vs_kl_ref_theta"] < 1e-9 < 1e-2 < r["k3_grad_vs_kl_theta_ref"],
+        "ratio x k3 (TRL's bias correction): gradient of KL(pi_theta || pi_ref), not the other":
+            lambda r: r["ratio_k3_grad_vs_kl_theta_ref"] < 1e-9 < 1e-2
+            < r["ratio_k3_grad_vs_kl_ref_theta"],
+        "k3 and ratio x k3: the same value at ratio 1 (the exact KL)":
+            lambda r: r["ratio_k3_value_gap"] < 1e-12 and r["k3_value_vs_exact_kl"] < 1e-12,
+        "grpo_loss's per-token KL gradient, with and without use_bias_correction_kl":
+            lambda r: r["package_kl_gradients_match"],
         "k3 >= 0 on every token (float32 rounding aside)": lambda r: r["k3_min"] > -1e-6,
         "k3 mean = exact KL on the model (|z| < 4)": lambda r: abs(r["k3_vs_exact_z"]) < 4,
         "beta > 0 keeps the policy closer": lambda r: r["kl_with_beta"] < r["kl_without_beta"],
