@@ -2,7 +2,7 @@
 
 Figures from the blog post and its reference scripts (AmineDiro/hfjobs-lora-buckets:
 run_vllm_job.sh, run_trainer_job.sh, src/async_grpo_lora_buckets.py); docs/recipe.md's table
-"The blog's run as `--preset blog`" lists each one, and tests/test_launchers.py checks that
+"The blog's run as `--preset blog`" lists each one, and tests/test_blog_preset.py checks that
 table against the plan.
 """
 
