@@ -95,6 +95,13 @@ def test_request_shape_is_a_train_async_flag():
                          TrainAsyncJobConfig)
 
 
+def test_the_groups_counts_read_the_buffers_counters():
+    from grpo_lab.jobs.train_async_job import BUFFER_COUNTERS
+    from grpo_lab.rollout.buffer import RolloutBuffer
+
+    assert set(BUFFER_COUNTERS.values()) <= set(RolloutBuffer(2, 0).stats())
+
+
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_finishes_without_version_gap(server, tmp_path):
     """As on HF Jobs (the run folder on a bucket mount): logs in a --local-dir, copied whole
