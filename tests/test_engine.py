@@ -57,7 +57,7 @@ def test_staggered_arrivals_match_the_trainers_logprobs(tiny_model_and_tokenizer
         done = threading.Event()
 
         class Group(RequestGroup):
-            def _resolve(self):
+            def resolve(self):
                 done.set()
 
         engine.submit(Group(first))

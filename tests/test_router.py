@@ -212,16 +212,6 @@ def test_mark_down_without_forgetting_keeps_ownership():
     assert router.route(P1, "v").replica == "r0"
 
 
-def test_route_batch_routes_each_prompt():
-    router = PrefixRouter(["r0", "r1"])
-    router.route(P1, "v")  # r0
-    router.route(P2, "v")  # r1
-    got = router.route_batch([P2, P1, tokens(70_000, 2)], "v")
-    # the reference proxy would send all three where P2 lives; the tie after r0 goes to r1
-    assert [(d.replica, d.kind) for d in got] == [
-        ("r1", "affinity"), ("r0", "affinity"), ("r1", "unmatched")]  # fmt: skip
-
-
 def test_round_robin_takes_turns_and_counts_what_affinity_would_have_done():
     router = PrefixRouter(["r0", "r1"], RouterConfig(routing="round-robin"))
     got = [router.route(P1, "v") for _ in range(4)]  # nothing finishes

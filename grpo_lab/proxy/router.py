@@ -242,12 +242,6 @@ class PrefixRouter:
         self._everywhere += everywhere
         return RouteDecision(self.replicas[pick], kind, best_match, common, len(hashes), everywhere)
 
-    def route_batch(self, prompts: Sequence[Sequence[int]],
-                    adapter_name: str) -> list[RouteDecision]:
-        """Route each prompt of a batched request on its own (the reference proxy used only the
-        first prompt, which sends a batch of unrelated prompts to one replica)."""
-        return [self.route(token_ids, adapter_name) for token_ids in prompts]
-
     def finish(self, replica: str | int) -> None:
         """A response from `replica` ended (success or error): one fewer request in flight."""
         r = self._index(replica)

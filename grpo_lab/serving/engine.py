@@ -176,7 +176,7 @@ class Engine(Prefill, RunningBatch):
                 self._waiting, self._held, self._rows = [], [], []
             for group in {id(s.group): s.group for s in pending if s.group}.values():
                 group.error = RuntimeError(f"the engine failed: {exc!r}")
-                group._resolve()
+                group.resolve()
             raise
 
     def _wait_for_work(self) -> list[Sequence] | None:
@@ -290,7 +290,7 @@ class Engine(Prefill, RunningBatch):
             return
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         if seq.group is not None:
-            seq.group._finished_one()
+            seq.group.sequence_finished()
 
 
 def generate_sync(engine: Engine, sequences: list[Sequence], timeout: float = 600) -> list[Sequence]:
@@ -298,7 +298,7 @@ def generate_sync(engine: Engine, sequences: list[Sequence], timeout: float = 60
     done = threading.Event()
 
     class _Group(RequestGroup):
-        def _resolve(self):
+        def resolve(self):
             done.set()
 
     group = _Group(sequences)

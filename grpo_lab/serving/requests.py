@@ -51,12 +51,14 @@ class RequestGroup:
         for seq in sequences:
             seq.group = self
 
-    def _finished_one(self) -> None:
+    def sequence_finished(self) -> None:
+        """The engine finished one of the group's sequences; the last one resolves the group."""
         self._left -= 1
         if self._left == 0:
-            self._resolve()
+            self.resolve()
 
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
+        """Hand the group back to whoever waits for it (the server's request, on its loop)."""
         if self.future is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(self._set_future)
 
