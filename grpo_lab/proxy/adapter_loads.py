@@ -1,32 +1,10 @@
-"""Adapter loads and unloads on every replica: all-or-nothing.
+"""Adapter loads and unloads on every replica: all or nothing.
 
-The proxy (grpo_lab.proxy.app) presents several replicas as one server, so a request that changes
-a server's state (pause, resume, adapter load and unload) must reach all of them, and a LoRA
-adapter name must never exist on only part of the fleet: a rollout routed to a replica without
-it would fail with 404, or worse, a stale copy would serve it (docs/recipe.md, "The proxy").
-
-Rules of `load_everywhere`, one replica at a time, all replicas at once:
-- 2xx: accepted.
-- 400 "has already been loaded": the replica's /v1/models is asked which path it holds that
-  name from. The same path (the adapter this call names): success, left as it is. Another
-  path, or no answer: a failure like the next one (400, saying which path it holds), since
-  that replica would go on serving an older adapter under the name the caller publishes.
-- 404 "No adapter found": its bucket mount has not seen the directory yet. Retry every
-  `retry_s` until the deadline (`timeout_s` after the call began).
-- Anything else (an HTTP error, a refused or dropped connection) fails the load: the other
-  replicas stop retrying, and every replica that accepted it, or whose answer was lost, is
-  asked to unload it again (the rollback). The caller gets the failing replica's status.
-- The deadline passes: the same rollback, then 504 (never 404, which TRL reads as "runtime
-  LoRA updating is disabled").
-- An in-place load (`load_inplace: true`) replaces an adapter that may be serving already:
-  each replica's /v1/models is read first, and the rollback loads the previous path in place
-  again where the name was loaded (unloads it only where it was not). A replica whose
-  /v1/models does not answer fails the load before anything changed (502).
-The fleet ends as it was before the call, or with the adapter on every replica.
-
-A replica is reached through `send(replica, path, body, timeout_s, method="POST") ->
-(status, text)`, which raises `UpstreamError` when no HTTP answer came back; so these rules are
-tested without sockets.
+A LoRA adapter name must never exist on only part of the fleet: a rollout routed to a replica
+without it would fail with 404, or a stale copy would serve it. `load_everywhere` leaves the
+fleet as it was before the call, or with the adapter on every replica (the rules:
+docs/serving-api.md, "Loads are all or nothing"). Replicas are reached through a `send`
+callable, so the rules are tested without sockets.
 """
 
 from __future__ import annotations
@@ -47,7 +25,8 @@ ROLLBACK_ATTEMPTS = 3  # unload tries per replica before a rollback failure is r
 
 async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, retry_s: float,
                           timeout_s: float, unload_timeout_s: float = 30.0) -> BroadcastResult:
-    """Load an adapter on every replica or on none (the rules are in the module docstring)."""
+    """Load an adapter on every replica or on none (docs/serving-api.md, "Loads are all or
+    nothing")."""
     name = body["lora_name"]
     deadline = time.monotonic() + timeout_s
     failed = asyncio.Event()  # set by the first hard failure: the others stop retrying

@@ -3,81 +3,10 @@
     grpo-lab proxy --upstream http://10.0.0.2:8000 --upstream http://10.0.0.3:8000 \\
         --port 8000 --upstream-token-env HF_TOKEN
 
-The trainer talks to the proxy as to one vLLM server (docs/serving-api.md, "The proxy in front
-of several replicas"; docs/recipe.md, "The proxy"):
-
-    POST /v1/completions, /v1/chat/completions  each prompt to one replica (proxy/router.py);
-                                                the answer names it in `X-Proxy-Upstream`
-    POST /pause, /resume, /reset_prefix_cache   sent to every replica in routing
-    POST /v1/load_lora_adapter                  every replica in routing or none (adapter_loads.py)
-    POST /v1/unload_lora_adapter                every replica in routing
-    GET  /health, GET|POST /ping                200 only if every replica answers 200
-    GET  /server_info, /v1/models               from one healthy replica; data_parallel_size 1
-    GET  /get_world_size                        one replica's world size (TRL's client asks)
-    GET  /proxy/stats                           the counters below, as JSON
-    any GET, POST /tokenize, /detokenize, ...   read-only: passed through to one healthy replica
-    any other route                             400: it may change one replica's state
-                                                (/sleep, /wake_up, /collective_rpc, the NCCL
-                                                weight-transfer routes: fleet_info.py)
-
-Auth. With `--api-key` (or $VLLM_API_KEY), as `vllm serve --api-key`, every route but /health
-needs `Authorization: Bearer KEY` (compared in constant time); a missing, wrong or undecodable
-header is a 401 `{"error": "Unauthorized"}`. The client's header never goes upstream: the
-replicas get `--upstream-token-env`'s token, if any.
-
-Routing. Each prompt is routed on its token ids; text and chat prompts on the ids of
-`--tokenizer` or, without one, on UTF-8 pseudo-tokens (grpo_lab.proxy.prompt_keys). A batched
-request is routed prompt by prompt: split across the replicas, and the choices merged back in
-prompt order with `index` renumbered (the reference proxy routed a batch on its first prompt).
-A streamed request goes whole to the replica of its first prompt.
-
-Parts. `Proxy` builds them, starts and stops them, and wires the routes to them:
-
-    PrefixRouter          router.py        which replica gets each prompt
-    ReplicaSet            replicas.py      the replicas: calls to them, the health probe, which
-                                           of them are in routing, the resync
-    CompletionForwarder   completions.py   the completion routes: split, send, merge, stream
-    Broadcaster           broadcast.py     /pause, /resume, adapter loads and unloads
-                          adapter_loads.py (all-or-nothing)
-    FleetInfo             fleet_info.py    /health, /server_info, /v1/models
-
-`/proxy/stats`, a known path with another method (405) and the error answers of every part
-(`Proxy.error`, handed to them) are the proxy's own; any other route is the replica's answer. Each part keeps its
-own counters; `/proxy/stats` joins them.
-
-Faults. Every upstream call has a timeout. What the proxy answers itself has vLLM's error body:
-400 (bad JSON, JSON nested too deeply, a missing or malformed prompt, a refused route), 401
-(no or a wrong API key), 413 (body over `max_request_bytes`), 502 (a replica dropped the
-connection or answered something that is not a JSON object), 503 (no replica up, or the
-replica was declared down while the request was in flight), 504 (no answer in time).
-Replicas' own answers (a 400, a 404 model) pass through. A probe calls every replica's
-/health every `health_interval_s`: `health_failures` failures in a row, or as many refused
-connections in a row, take a replica out of routing and fail its requests in flight (503); a
-single refused connection does not, and the request it carried is sent to
-another replica. A replica out of routing is probed until it answers, synced to a healthy
-peer's adapters (what it lacks is loaded, what the fleet dropped meanwhile unloaded) and to the
-fleet's pause state, and routed again. Broadcasts go to the replicas in routing only: one that
-is out catches up through that resync instead of failing them.
-
-Completions travel over a lean keep-alive HTTP/1.1 pool (grpo_lab.proxy.http_pool), which
-halves the proxy's CPU per request against aiohttp's client (benchmarks/proxy_overhead.py);
-everything else uses aiohttp.
-
-The settings are `ProxyConfig` (grpo_lab.proxy.config); `start_proxy_process`
-(grpo_lab.proxy.process) starts the proxy as a process from Python.
-
-Logged metrics (`GET /proxy/stats`, next to the router's own, see grpo_lab.proxy.router):
-- `completion_calls`: completion requests received; `split_batches`: batches spread over more
-  than one replica; `rerouted`: prompts re-sent after a replica refused the connection.
-- `errors`: answers the proxy made itself, by cause (bad_request, not_found, closed, garbage,
-  timeout, down, no_replica, refused: routes that may change one replica's state,
-  unauthorized); `forwarded`: read-only routes passed through to a replica.
-- `broadcasts`: state-changing calls, by route; `retries`: "No adapter found" answers retried;
-  `rollbacks`: loads undone on the replicas that had accepted them; `rollback_failures`;
-  `load_timeouts`: loads that hit `lora_load_timeout_s` (answered 504).
-- `marked_down`: times a replica left routing; `down_reasons`: why each one is down now;
-  `resynced_adapters`: adapters loaded onto (or unloaded from) replicas that came back;
-  `paused`: the fleet's pause state (the last /pause or /resume that succeeded, or null).
+`Proxy` builds the parts (router, replica set, completion forwarder, broadcaster, fleet info),
+starts and stops them and wires the routes to them; the trainer sees one vLLM server. The routes,
+auth, errors and counters: docs/serving-api.md, "The proxy in front of several replicas"; the
+parts: docs/internals.md, "proxy: inside `grpo-lab proxy`".
 """
 
 from __future__ import annotations

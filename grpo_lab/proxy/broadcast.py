@@ -3,7 +3,7 @@ of them.
 
     POST /pause, /resume              sent to every replica in routing
     POST /reset_prefix_cache          every replica in routing (each one's prefix cache flushed)
-    POST /v1/load_lora_adapter        every replica in routing or none (grpo_lab.proxy.adapter_loads);
+    POST /v1/load_lora_adapter        every replica in routing or none (proxy/adapter_loads.py);
                                       one operation per adapter name at a time
     POST /v1/unload_lora_adapter      every replica in routing
 

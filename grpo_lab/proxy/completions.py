@@ -1,18 +1,9 @@
 """The proxy's completion routes (grpo_lab.proxy.app): each prompt to one replica, answers merged.
 
-    POST /v1/completions, /v1/chat/completions
-        1. parse    the body, and each prompt's routing key (prompt_keys.py): its token ids
-        2. route    each prompt on its key (router.py); a batch is split across replicas
-        3. send     each replica its share; a share whose connection was refused is routed
-                    again, to another replica (`health_failures` refusals in a row take a
-                    replica out; one does not, and its requests in flight go on)
-        4. merge    the choices back in prompt order, `index` renumbered, usage summed; the
-                    answer names the replica(s) in `X-Proxy-Upstream`
-
-A request with one prompt (the usual case) skips 4: its body goes to the replica as it came and
-the replica's answer comes back as it came, never parsed or re-serialised. A streamed request
-goes whole to the replica of its first prompt, and its bytes pass through.
-`CompletionForwarder` does all this; it reaches the replicas through a `ReplicaSet` (replicas.py).
+`CompletionForwarder` parses a request, routes each prompt on its key (prompt_keys.py,
+router.py), sends each replica its share (a refused share is routed again), and merges the
+choices back in prompt order. A one-prompt request is passed through unparsed, a streamed one
+goes whole to its first prompt's replica (docs/internals.md, "proxy: inside `grpo-lab proxy`").
 """
 
 from __future__ import annotations
@@ -208,7 +199,8 @@ class CompletionForwarder:
         return web.json_response(merged, headers={"X-Proxy-Upstream": ",".join(replicas)})
 
     async def _stream(self, request, raw, key, model) -> web.StreamResponse:
-        """A streamed request goes to one replica (routed on its first prompt); bytes pass through."""
+        """A streamed request goes to one replica (routed on its first prompt); its bytes pass
+        through."""
         try:
             replica = self.router.route(key, model).replica
         except NoReplicaAvailable:

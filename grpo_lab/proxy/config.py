@@ -47,7 +47,8 @@ class ProxyConfig(RouterConfig):
     """Environment variable holding the token sent upstream as `Authorization: Bearer <token>`
     (e.g. HF_TOKEN: exposed HF Jobs ports need it). Incoming Authorization headers are dropped."""
     tokenizer: str | None = None
-    """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8 pseudo-tokens."""
+    """Tokenizer (path or hub id) for routing text and chat prompts; default: UTF-8
+    pseudo-tokens."""
     lora_retry_s: float = 2.0
     """Seconds between retries of a replica that answers 'No adapter found' to a load."""
     lora_load_timeout_s: float = 300.0

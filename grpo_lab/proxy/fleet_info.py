@@ -1,20 +1,9 @@
 """The fleet presented as one server (grpo_lab.proxy.app): `FleetInfo`.
 
-    GET  /health, GET|POST /ping      200 only if every replica answers 200 (/ping is vLLM's alias)
-    GET  /server_info, /v1/models     from one healthy replica; data_parallel_size 1
-    GET  /get_world_size              {"world_size": tensor x pipeline parallel size of one
-                                      replica}, what vLLM answers and TRL's client reads
-    read-only routes                  passed through to one healthy replica (replicas in turn):
-                                      method, query, body, status and headers (not streamed).
-                                      Read-only: any GET or HEAD, and the POST routes of
-                                      READ_ONLY_POSTS (/tokenize, /detokenize, pooling, scoring)
-    any other route                   400, refused: it may change one replica's state, which
-                                      the fleet would then disagree on. By name: /sleep,
-                                      /wake_up, /collective_rpc, /scale_elastic_ep and the NCCL
-                                      weight-transfer routes (a weight broadcast reaches one
-                                      replica, not the fleet; sync LoRA adapters through
-                                      /v1/load_lora_adapter instead), with or without a
-                                      trailing slash, whatever the method
+/health (200 only if every replica is healthy), /server_info and /v1/models from one replica,
+/get_world_size, read-only routes passed through to one replica, and every other route refused
+with 400, since it may change one replica's state (docs/serving-api.md, "The proxy in front of
+several replicas").
 """
 
 from __future__ import annotations

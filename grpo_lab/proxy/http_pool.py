@@ -1,19 +1,10 @@
 """A lean HTTP/1.1 client for the proxy's hot path: POST a JSON body, get the whole answer.
 
-Why not aiohttp's ClientSession here: on the 2-core machine the proxy is benchmarked on, a
-ClientSession request costs about 230 us of CPU, as much as the proxy's server side and its
-routing together; this pool costs about a fifth of that (benchmarks/proxy_overhead.py). The
-proxy still uses aiohttp for everything else (probes, broadcasts, streamed answers).
-
-What it does: http:// and https:// upstreams, keep-alive connections per upstream (most recently used first, closed after
-`keepalive_s` idle: below uvicorn's 5 s, so a pooled connection is never one the server is
-closing), at most `limit` requests in flight over all upstreams, a connect timeout and a total
-timeout per request. Answers framed by Content-Length, chunked transfer encoding, or the end of
-the connection. A request that is cancelled, fails or times out closes its connection.
-
-Errors (all OSError, so callers can catch them together): `ConnectFailed` (nothing was sent),
-`ResponseTimeout`, `ConnectionClosed` (the upstream closed before the answer was complete),
-`InvalidResponse` (not HTTP/1.x).
+Keep-alive connections per upstream, a cap on requests in flight, connect and total timeouts.
+It costs about a fifth of the CPU of aiohttp's ClientSession per request, which the proxy keeps
+for everything else (docs/internals.md, "proxy: inside `grpo-lab proxy`"). Its errors are all
+OSError: `ConnectFailed` (nothing was sent), `ResponseTimeout`, `ConnectionClosed`,
+`InvalidResponse`.
 """
 
 from __future__ import annotations

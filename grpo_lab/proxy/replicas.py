@@ -1,26 +1,9 @@
 """The replicas behind the proxy (grpo_lab.proxy.app): calls to them, which of them are in routing.
 
-`ReplicaSet` owns the replicas, their health and the connections to them:
-
-    send        one control call (probes, broadcasts, /server_info): a session of its own, so
-                probes never queue behind long completions
-    call        one completion over the lean pool (http_pool.py); `mark_down` cuts it short
-    stream      a streamed completion (aiohttp: its bytes pass through)
-    relay       any other request, to one replica, answered as that replica answered
-    probe       GET /health; `probe_forever` calls it every `health_interval_s`:
-                `health_failures` failures in a row take a replica out of routing
-                (`mark_down`) and fail its requests in flight (503)
-    refused     a call could not connect; `health_failures` of them in a row take the replica
-                out as failed probes do (one refusal is often a blip: a full accept queue, a
-                public proxy's hiccup), and the caller sends the request elsewhere
-    _resync     a replica that answers again gets a healthy peer's adapters (what it lacks
-                loaded, what the fleet dropped meanwhile unloaded) and the fleet's pause state
-                (paused or resumed, as the last /pause or /resume left it) before it is routed
-                to again
-
-A call that gets no HTTP answer becomes an `UpstreamError` (`transport_error`), whose `kind`
-says what the proxy does next: `connect` counts towards taking the replica out, the others
-answer 502/504.
+`ReplicaSet` owns the replicas, their health and the connections to them: control calls on a
+session of their own, completions over the lean pool, the health probe that takes a failing
+replica out of routing, and the resync that brings it back (docs/internals.md, "proxy: inside
+`grpo-lab proxy`"; the rules: docs/serving-api.md, "Replicas that fail").
 """
 
 from __future__ import annotations

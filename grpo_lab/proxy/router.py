@@ -1,39 +1,11 @@
 """KV-prefix affinity routing: send each completion to the replica that already caches its prompt.
 
-vLLM caches the KV of full 16-token blocks, keyed by a chain of hashes seeded with the adapter
-name (docs/serving-api.md, "Prefix-cache hashing"). This module imitates that chain to remember
-which replica served which prefix, and routes a new prompt to the replica holding the longest
-prompt-specific prefix, unless that replica is too busy (docs/recipe.md, "The proxy").
-
-It is pure bookkeeping, no I/O: the proxy calls `route` before forwarding a request and `finish`
-when the response ends, so every rule can be unit tested and replayed (`routing_replay.py`).
-
-Logged metrics (`PrefixRouter.stats()`):
-- `routed`: requests sent to each replica, in the order of `replicas`.
-- `affinity`: requests sent to the replica with the longest prompt-specific cached prefix.
-- `cached_everywhere`: the part of `affinity` whose prompt every up replica already cached (it
-  spilled earlier), so the least-loaded one took it. The reference proxy calls these unmatched;
-  `unmatched_reference_pct` counts them that way, to compare with its logs.
-- `spilled`: requests that had such a replica but went to the least loaded one, because the
-  preferred replica was more than `imbalance` in-flight requests ahead of it.
-- `unmatched`: requests whose prompt-specific blocks no replica had seen; least loaded wins.
-  With G rollouts per prompt at least 1 in G requests is cold: the floor is 1/G.
-- `inflight`: requests routed to each replica and not yet finished.
-- `tracked_blocks`, `evicted`: size of the LRU block table and how many blocks it dropped.
-
-The load guard. Affinity sends a prompt's G rollouts to one replica, so while a group is issued
-its replica runs ahead by design: +1 per rollout, plus a few (about sqrt(G)) from which replicas
-the completions that free the slots fall on. The guard is for a replica busier than that, so
-`imbalance` should exceed G + sqrt(G): about 1.5 G, 12 for TRL's G = 8 (the default). At the
-reference proxy's 8 = G the replay (benchmarks/routing_replay.py, 2 replicas) spills the last
-rollouts of ordinary groups, 0.95 % (13.16 % unmatched under the reference's labels: a spilled
-prompt is on both replicas); at 12, 0.02 % (12.67 %; floor 1/G = 12.5 %), and the mean in-flight
-gap between the replicas goes from 3.0 to 3.2 requests (of about 64 each), its maximum 8 to 12.
-
-`RouterConfig.routing = "round-robin"` is the baseline to measure affinity against
-(benchmarks/routing_cache.py): each request goes to the next up replica in turn, whatever it
-caches. The table is kept as before, so the counters say what that costs: `affinity` when the
-turn fell on a replica with the longest specific match, `spilled` when it did not.
+`PrefixRouter` imitates vLLM's chained block hashes to remember which replica served which
+prefix, and routes a prompt to the replica with the longest prompt-specific cached prefix unless
+it is more than `imbalance` requests busier than the least loaded. Pure bookkeeping, no I/O:
+the proxy calls `route` before forwarding and `finish` when the answer ends. The rules and the
+load guard: docs/recipe.md, "The proxy"; the counters: docs/serving-api.md, "What
+`GET /proxy/stats` counts".
 """
 
 from __future__ import annotations
@@ -58,11 +30,12 @@ class RouterConfig:
     takes them as flags: ProxyConfig inherits these fields."""
 
     block_size: int = DEFAULT_BLOCK_SIZE
-    """Tokens per KV block; must match the server's block size (vLLM: 16). Only full blocks count."""
+    """Tokens per KV block; must match the server's block size (vLLM: 16). Only full blocks
+    count."""
     imbalance: int = 12
     """How many in-flight requests the preferred replica may be ahead of the least-loaded one
     before a request spills to the least-loaded replica instead. About 1.5 G for G rollouts per
-    prompt (the module docstring, "The load guard"); the reference proxy's 8 spills ~1 % at G = 8."""
+    prompt (docs/recipe.md, "The proxy"); the reference proxy's 8 spills ~1 % at G = 8."""
     max_tracked_blocks: int = 500_000
     """Cap on the block table; the least recently used blocks are forgotten beyond it."""
     routing: str = "affinity"
@@ -86,7 +59,8 @@ class RouteDecision:
     replica: str
     """Name of the chosen replica."""
     kind: RouteKind
-    """"affinity", "spill" or "unmatched" (see the module docstring)."""
+    """"affinity", "spill" or "unmatched" (docs/serving-api.md, "What `GET /proxy/stats`
+    counts")."""
     specific_match_blocks: int
     """Longest prompt-specific cached prefix any up replica had (0 when unmatched); for a spill,
     that of the replica it did not go to."""
@@ -114,7 +88,8 @@ class _Block:
 
 
 class PrefixRouter:
-    """Routes prompts to replicas by KV-prefix affinity, with a load guard and an LRU block table."""
+    """Routes prompts to replicas by KV-prefix affinity, with a load guard and an LRU block
+    table."""
 
     def __init__(self, replicas: Sequence[str] | int, config: RouterConfig | None = None):
         if isinstance(replicas, int):
@@ -264,7 +239,8 @@ class PrefixRouter:
         self._up[self._index(replica)] = True
 
     def stats(self) -> dict:
-        """Counters for logs and dashboards (see the module docstring for each key)."""
+        """Counters for logs and dashboards (docs/serving-api.md, "What `GET /proxy/stats`
+        counts")."""
         total = sum(self._routed)
 
         def pct(count: int) -> float:

@@ -1,27 +1,8 @@
 """Replay a GRPO rollout workload through `PrefixRouter` in simulated time (no HTTP, no GPU).
 
-A discrete-event simulation shaped like the blog's run (docs/recipe.md, "The proxy"): 1,460 MATH
-problems behind a shared 23-token chat template, G = 8 rollouts per prompt, 16 prompts per
-training step, at most 128 requests in flight, and a new adapter name every `sync_every_steps`
-steps. It answers "how often does prefix affinity hit?" for any number of replicas in a second.
-
-The workload, stated (every draw comes from one seeded `random.Random`):
-- Prompt = the 23 template tokens + the problem's own tokens; problem lengths are lognormal with
-  median `problem_median_tokens` (80) and sigma `problem_sigma` (0.5), clipped to 30..400.
-- Training order: each epoch is a fresh shuffle of the problem set; `prompts_issued` (8,091 =
-  the blog's 64,728 rollouts / 8) prompts are taken from consecutive epochs, so a problem comes
-  back about every 91 steps, usually under a newer adapter name (no match then).
-- Each prompt's G rollouts are issued back to back, as TRL's repeat sampler orders them.
-- A request takes a lognormal time (median `completion_median_s`, sigma `completion_sigma`),
-  independent of the replica's load: decoding a 1.5B model is bound by weight reads, so the
-  time per token barely moves with the batch at these sizes. This is an assumption, not a fact.
-- The client keeps at most `max_inflight` requests in flight and issues the next one as soon as
-  one finishes. The trainer starts a step once 128 more rollouts have finished and it is free;
-  a step takes `train_step_s`. After every `sync_every_steps`-th step the sync takes `sync_s`,
-  then the adapter name becomes `policy-v{N+1}` for requests issued from then on (requests in
-  flight keep their version). The replicas' pause during a sync and the buffer's backpressure
-  are not modelled. Because the trainer takes time, a version change can fall inside a group:
-  its remaining rollouts start cold under the new name, a little above the 1/G floor.
+A discrete-event simulation shaped like the blog's run: how often prefix affinity hits, for any
+number of replicas, in a second (benchmarks/routing_replay.py). The workload and its
+assumptions: docs/internals.md, "The routing replay".
 """
 
 from __future__ import annotations
