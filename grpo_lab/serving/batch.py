@@ -1,21 +1,9 @@
 """The engine's running batch (grpo_lab.serving.engine): one row per sequence being decoded.
 
-Rows are kept sorted by adapter, so each LoRA adapter covers one contiguous slice
-(`_segments`). The KV cache is a transformers `Cache` whose layers are preallocated
-(`PreallocatedLayer`): each layer's keys and values are the first L columns of buffers with
-room for the decode steps to come, so a step writes its one new column in place. (A plain
-`DynamicLayer` concatenates, copying the whole cache of every layer at every step.) The
-attention mask lives in a buffer of the same width:
-
-    buffers      [ pad  pad  p1   p2   o1   o2 | room ........ ]   (B, H, capacity, D) per layer
-    keys/values  [ the first L columns: views, what attention reads ]
-    decode step  writes column L, then L = L + 1
-
-When the batch changes the buffers are rebuilt, once, for the new rows (`_fill`): finished rows
-leave and columns that are padding for every row are cut (`_select_rows`), or new rows are merged
-in, both sides left padded to a common length (`_merge`). The room is the most decode steps any
-row may still take (max_tokens, max_model_len), capped at `MAX_ROOM` columns; a batch that
-outgrows it is rebuilt with more (`_decode_columns`). All of it stays on the engine's device.
+Rows are kept sorted by adapter, so each LoRA adapter covers one contiguous slice. The KV cache's
+layers are preallocated (`PreallocatedLayer`): a decode step writes its one new column in place
+instead of concatenating the whole cache. The buffers are rebuilt only when rows leave or join
+(docs/internals.md, "The running batch").
 """
 
 from __future__ import annotations
@@ -107,7 +95,8 @@ class RunningBatch:
         return segments
 
     def _merge(self, seqs, kv, mask, next_tokens) -> None:
-        """Append new rows to the running batch, left padding the shorter side, sorted by adapter."""
+        """Append new rows to the running batch, left padding the shorter side, sorted by
+        adapter."""
         rows = self._rows + seqs
         order = sorted(range(len(rows)), key=lambda i: rows[i].adapter_key)  # stable
         where = [0] * len(rows)  # where[i]: the new row of rows[i]
@@ -142,7 +131,9 @@ class RunningBatch:
                 like = template[layer][which]  # (B', H, L', D)
                 buffer = like.new_empty(B, like.shape[1], capacity, like.shape[3])
                 for kv, mask, _, src, dest in parts:
-                    rows = kv[layer][which] if src is None else kv[layer][which].index_select(0, src)
+                    rows = kv[layer][which]
+                    if src is not None:
+                        rows = rows.index_select(0, src)
                     to, pad = slice(None) if dest is None else dest, L - mask.shape[1]
                     buffer[to, :, pad:L] = rows
                     if pad:

@@ -1,19 +1,8 @@
 """Names for KV blocks: the chained hash of a prompt's full blocks (vLLM's prefix-cache keys).
 
-A prompt's tokens are cut into blocks of `block_size` (vLLM: 16); only full blocks count, the
-partial tail of a prompt is always recomputed. Block i's hash covers block i-1's hash and block
-i's tokens,
-
-    h_1 = H(seed(namespace), tokens of block 1),   h_i = H(h_{i-1}, tokens of block i),
-
-so h_i names the whole prefix ending at block i: two prompts share h_i exactly when their first
-i blocks are equal. The seed comes from a namespace, the adapter's name ("" = the base model):
-LoRA changes the keys and values, so a prompt under `policy-v3` shares no block with the same
-prompt under `policy-v4` (vLLM puts the adapter in every block's extra keys).
-
-Two users, one function: the server's prefix cache (grpo_lab.serving.prefix_cache) keys its
-blocks with it, and the proxy's router (grpo_lab.proxy.router) uses it to remember which replica
-cached which prefix. The hashes are not vLLM's numbers, they name the same prefixes.
+h_1 = H(seed(namespace), block 1), h_i = H(h_{i-1}, block i): h_i names the whole prefix ending
+at block i, under one adapter (the namespace). The server's prefix cache and the proxy's router
+both use it (docs/serving-api.md, "Prefix-cache hashing").
 """
 
 from __future__ import annotations

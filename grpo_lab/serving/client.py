@@ -1,20 +1,13 @@
 """An async HTTP client for the inference-server contract (docs/serving-api.md).
 
-The same calls work against grpo_lab's server, the proxy, and a real `vllm serve`:
+The same calls work against grpo_lab's server, the proxy and a real `vllm serve`:
 
-    async with InferenceClient("http://127.0.0.1:8000", api_key=None) as client:
-        await client.wait_until_healthy()
-        await client.pause("keep")
+    async with InferenceClient("http://127.0.0.1:8000") as client:
         await client.load_lora_adapter("policy-v1", "/lora/policy-v1")
-        await client.resume()
         out = await client.completions([1, 5, 6], model="policy-v1", max_tokens=8, seed=7)
 
-Every non-2xx answer raises `ServerError`, which carries the status, the raw body and vLLM's error
-`type` and `message`. `ServerError.adapter_not_visible` marks the one load error worth retrying
-("No adapter found": the server's mount has not seen the directory yet).
-
-`BlockingClient` wraps the same calls for synchronous code (a trainer thread, a plain script):
-it runs the async client on an event loop in a background thread.
+A non-2xx answer raises `ServerError` (`adapter_not_visible`: the one load error worth retrying).
+`BlockingClient` runs the same calls from synchronous code.
 """
 
 from __future__ import annotations
@@ -110,7 +103,8 @@ class InferenceClient:
             return False
 
     async def wait_until_healthy(self, timeout_s: float = 120.0, interval_s: float = 0.2) -> None:
-        """Poll /health until 200 (core.processes' `wait_healthy`, in a thread); TimeoutError after."""
+        """Poll /health until 200 (core.processes' `wait_healthy`, in a thread); TimeoutError
+        after."""
         await asyncio.to_thread(wait_healthy, self.base_url + "/health", timeout_s,
                                 poll_s=interval_s)
 

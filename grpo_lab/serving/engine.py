@@ -1,30 +1,10 @@
 """Continuous batching: one engine thread decodes every active request together, step by step.
 
-Static batching (`generate` on a batch) waits for the longest sequence before taking new work.
-Continuous batching (Orca, Yu et al. 2022; vLLM) re-forms the batch between decode steps:
-
-    loop:
-        admit    waiting sequences (up to max_num_seqs rows and max_loras distinct adapters):
-                 one prefill forward over their prompts (left padded), sample their first token,
-                 and merge their KV cache into the running batch (left padding to a common length);
-                 with a prefix cache, only the part of each prompt not cached yet is computed
-        decode   one forward for all running rows: each feeds its last token, at its own position
-        sample   each row with its own parameters and seeded generator (grpo_lab.serving.sampling)
-        retire   rows that hit EOS, a stop token, max_tokens or max_model_len; answer their request
-
-The batch's rows are kept sorted by adapter, so the LoRA hooks (grpo_lab.serving.lora_registry)
-add each adapter's delta to one contiguous slice. The KV cache is a transformers `Cache` whose
-layers write each step's column into room reserved ahead (grpo_lab.serving.batch), instead of
-concatenating the whole cache at every step; its rows are rebuilt when the batch changes.
-
-The engine runs in its own thread; the HTTP server submits `RequestGroup`s (one per request, n
-sequences each, grpo_lab.serving.requests) and awaits their asyncio futures. `pause` supports
-vLLM's three modes. Selecting and merging the batch's rows is in grpo_lab.serving.batch, the
-prefill and its use of the prefix cache (grpo_lab.serving.prefix_cache) in grpo_lab.serving.prefill.
-
-The engine runs where the model's weights are (`self.device`, a GPU or the CPU): every tensor it
-builds (ids, masks, positions, the KV cache, sampling's noise) is made there, and only each
-step's sampled tokens and their logprobs come back to Python (`.tolist()`), one sync per step.
+Between decode steps the engine admits waiting sequences (a prefill, grpo_lab.serving.prefill),
+decodes one token for every running row, samples each row with its own parameters
+(grpo_lab.serving.sampling) and retires finished rows, so no request waits for the longest one
+in its batch. The HTTP server submits `RequestGroup`s and awaits their futures. The loop, the
+running batch and the device rules: docs/internals.md, "Continuous batching".
 """
 
 from __future__ import annotations
@@ -211,7 +191,8 @@ class Engine(Prefill, RunningBatch):
         tokens = 0
         for seq in self._waiting:
             room = len(self._rows) + len(admitted) < self.max_num_seqs
-            fits = seq.adapter is None or seq.adapter_key in adapters or len(adapters) < self.max_loras
+            fits = (seq.adapter is None or seq.adapter_key in adapters
+                    or len(adapters) < self.max_loras)
             small = not admitted or tokens + len(seq.prompt_ids) <= self.max_num_batched_tokens
             if room and fits and small and not seq.group.cancelled:
                 admitted.append(seq)
@@ -293,7 +274,8 @@ class Engine(Prefill, RunningBatch):
             seq.group.sequence_finished()
 
 
-def generate_sync(engine: Engine, sequences: list[Sequence], timeout: float = 600) -> list[Sequence]:
+def generate_sync(engine: Engine, sequences: list[Sequence],
+                  timeout: float = 600) -> list[Sequence]:
     """Submit sequences to a started engine from a plain thread and wait (tests, benchmarks)."""
     done = threading.Event()
 

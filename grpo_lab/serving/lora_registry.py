@@ -1,27 +1,10 @@
 """Several LoRA adapters served at once on one frozen base model, each request under its own.
 
-A LoRA adapter changes a linear layer y = W x into y = W x + s * B (A x), with A (r, in), B (out, r)
-and s = alpha / r (Hu et al. 2021; alpha / sqrt(r) with rsLoRA). The base weights W are shared, so
-serving many adapters costs only their small A and B matrices.
-
-How one forward pass serves a batch whose rows name different adapters:
-
-    rows of the batch, sorted by adapter:   [ base | policy-v3 policy-v3 | policy-v4 ]
-    segments (set before the forward):      [(v3, 1, 3), (v4, 3, 4)]
-    every adapted nn.Linear, after W x:     y[1:3] += s3 B3 A3 x[1:3];  y[3:4] += s4 B4 A4 x[3:4]
-
-The deltas are added by forward hooks, so the model stays an ordinary transformers model. Adapters
-are read from `adapter_config.json` + `adapter_model.safetensors` (PEFT's layout; safetensors only,
-never pickles) into `LoRAAdapter` objects, their A and B moved to the base model's device and
-dtype once at load time. A request holds on to its adapter object, so unloading a
-name never changes the weights of rollouts already in flight.
-
-Two limits, as in vLLM: `max_loras` adapters may be decoded in one batch (the engine's admission),
-and `max_cpu_loras` adapters keep their weights in memory (default: max_loras). Loading one more
-drops the weights of the least recently used one; its name stays loaded, and the next request
-under it reads the weights again from its path, which fails if the path is gone (a pruned bucket
-version). This is why a GRPO recipe sizes both at max_staleness + 2 or more: every version a
-sample may still be generated under stays in memory.
+Forward hooks add each adapter's s * B (A x) to the rows of the batch that name it (the rows are
+sorted by adapter, one slice each), so the model stays an ordinary transformers model. Adapters
+are read from PEFT's safetensors files; a request holds on to its adapter object, so unloading a
+name never changes rollouts in flight. `max_loras` and `max_cpu_loras` are vLLM's limits
+(docs/serving-api.md, "LoRA adapters"; docs/internals.md, "Several LoRA adapters in one batch").
 """
 
 from __future__ import annotations

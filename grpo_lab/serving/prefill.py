@@ -1,26 +1,10 @@
 """Prefill: the engine's first forward over newly admitted prompts, reusing cached prefixes.
 
-Without a prefix cache it is one forward over the prompts, left padded, from an empty KV cache.
-With one (grpo_lab.serving.prefix_cache), each prompt's longest cached run of full blocks is
-handed to the forward as past keys and values, and only the rest of the prompt is computed:
-
-    columns      past: cached prefixes (P)       new: uncached suffixes (T)
-    row a        [ .   .   a1  a2  a3  a4 ]      [ .   a5  a6  a7 ]     4 tokens cached, 3 computed
-    row b        [ .   .   .   .   .   .  ]      [ b1  b2  b3  b4 ]     nothing cached
-    mask           0   0   1   1   1   1           0   1   1   1        (row a)
-    positions of the new tokens: a: 4 5 6, b: 0 1 2 3 (they continue from the cached length)
-
-A row's real tokens may have padding between its past and its new part; the attention mask
-hides it, and every position is counted from the mask (decode uses `mask.sum() - 1`), so the hole
-changes nothing but a few columns of memory. After the forward, the prompt's new full blocks are
-copied into the cache, and the rows join the running batch as before (grpo_lab.serving.batch).
-
-**Waves.** n completions of one prompt (or G requests of one prompt) are admitted together, and
-none of them finds the prompt cached yet. vLLM lets the later ones read the blocks the first one
-writes in the same step; a transformers forward cannot. So a sequence whose next uncached block
-an earlier sequence of the same admission is computing waits for the next wave (the next forward,
-before any decode step), where it finds that block cached: G copies of a prompt prefill it once,
-then only their tails.
+Each prompt's longest cached run of full blocks (grpo_lab.serving.prefix_cache) is handed to the
+forward as past keys and values, and only the rest of the prompt is computed, its positions
+continuing from the cached length. Copies of one prompt admitted together are prefilled in waves,
+so that the later ones read the blocks the first one computed (docs/internals.md, "Prefill and
+the prefix cache").
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """Automatic prefix caching (vLLM's `--enable-prefix-caching`): reuse the KV of prompt prefixes.
 
-GRPO sends the same prompt G times and prompts that share a template. Their prefill computes the
-same keys and values again and again. The prefix cache keeps them, block by block:
-
-    prompt   [ block 1 ][ block 2 ][ block 3 ][ tail ]      blocks of `block_size` (16) tokens
-    key          h1         h2         h3                    h_i = H(h_{i-1}, tokens of block i)
-    cached?      yes        yes        no                    the longest cached run: 2 blocks
-    prefill                            computed  computed    positions continue at 2 x 16
-
-- **Keys.** The chained hash of grpo_lab.serving.block_hashes, seeded with the adapter's name
-  ("" = the base model), so a key names the whole prefix ending at its block, under one adapter.
-  Each block also remembers which load of the adapter computed it (`adapter_id`): a name reloaded
-  with other weights never reads the old version's KV, even from a request that was in flight.
-- **Values.** One tensor per block, (layers, 2, kv_heads, block_size, head_dim): the keys and
-  values of every layer (after RoPE, so they are only valid at the positions they were computed
-  at, which a prefix always is). They are copies: the running batch never shares memory with
-  the cache, so evicting a block never touches a sequence being decoded.
-- **Lookup** (`match`) walks the prompt's hashes from the first and stops at the first miss.
-  It leaves at least one prompt token to compute: the first sampled token needs its logits.
-- **Bounded memory.** At most `max_blocks` blocks, least recently used evicted first. A hit
-  refreshes its blocks deepest first, so a shared template's first blocks stay the freshest and
-  the tails of old prompts go first.
-- **Counters** in tokens, as vLLM counts them: `queries` (prompt tokens looked up) and `hits`
-  (prompt tokens found cached); the server exposes them as `vllm:prefix_cache_queries_total`
-  and `vllm:prefix_cache_hits_total` (grpo_lab.serving.server_info).
-
-How a sequence's cached prefix enters a batched prefill (the engine, grpo_lab.serving.prefill):
-`assemble_prefixes` stacks each row's blocks, left padded, as the prefill's past KV; after the
-forward `cut_blocks` copies the newly computed full blocks out, and `insert` stores them.
-All methods are thread-safe: the engine looks up and inserts, HTTP handlers reset and drop.
+GRPO sends each prompt G times, and prompts share templates, so prefill would compute the same
+keys and values again and again. `PrefixCache` keeps them block by block, keyed by the chained
+hash of grpo_lab.serving.block_hashes under the adapter's name, least recently used evicted
+first; `assemble_prefixes` and `cut_blocks` move blocks into and out of a batched prefill.
+How: docs/internals.md, "Prefill and the prefix cache"; what it counts: docs/serving-api.md,
+"Prefix caching in grpo-lab serve".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Start a server as a process, wait until it is ready, stop it.
 
 Notebooks, tests and benchmarks start servers through `start_server_process`, never by pasting
-shell: it picks a free port, waits until the server says it is ready, and `stop()` (or leaving the
-`with` block) ends exactly the process group it started. `spawn_until_ready` is shared with the
-proxy (grpo_lab.proxy.process) and real vLLM (grpo_lab.serving.vllm_process); the process-group
-toolkit under it (`spawn`, `wait_healthy`, `stop_groups`, ...) is grpo_lab.core.processes.
-
-    serve_args      `grpo-lab serve` argv from config values (grpo_lab.core.argv's convention)
-
-`serve_until_signalled` is the serving loop the server and the proxy run inside their process.
+shell: it picks a free port, waits until the server is ready, and `stop()` (or leaving the `with`
+block) ends exactly the process group it started. `spawn_until_ready` is shared with the proxy
+and real vLLM; `serve_until_signalled` is the loop the server and the proxy run in.
 
     with start_server_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=4) as server:
         print(server.url)            # http://127.0.0.1:40213
@@ -129,7 +124,8 @@ def start_server_process(
 def spawn_until_ready(args: list[str], env: dict, *, ready_path: str, what: str,
                       ready_marker: str | None = None, url: str | None = None,
                       log_path: str | os.PathLike | None = None,
-                      startup_timeout_s: float = 180.0, api_key: str | None = None) -> ServerProcess:
+                      startup_timeout_s: float = 180.0,
+                      api_key: str | None = None) -> ServerProcess:
     """`spawn` `args` (output to a log file), wait for the line `<ready_marker> <url>` in its
     log (or take `url` as given, for a server that prints none: real vLLM), then
     (`wait_healthy`) until `<url><ready_path>` answers 200.

