@@ -1,22 +1,9 @@
 """A second offline model, built like an instruct model: Qwen2, byte-level BPE, ChatML.
 
-The default tiny model (tiny_model.py) is a Llama reading characters with no roles. Real GRPO
-runs start from instruct models such as Qwen2.5-Instruct, whose prompts go through a chat
-template and whose completions end with a special token. This model has the same moving parts,
-only small:
-
-    architecture  Qwen2 (`Qwen2ForCausalLM`), grouped-query attention (fewer KV heads)
-    tokenizer     byte-level BPE trained here on the word problems, digits split one by one
-                  (Qwen2's pre-tokenizer), ChatML specials <|im_start|> <|im_end|> <|endoftext|>
-    template      ChatML as Qwen2.5-Instruct writes it: system, user, assistant turns
-    eos / pad     <|im_end|> (the assistant's turn ends) / <|endoftext|>, left padding
-    data          GSM8K-format word problems (word_problems.py), answers ending in `#### N`
-
-It is warmed up on the training questions formatted exactly as the trainers format them
-(`encode_prompts(tokenizer, [question], system_prompt=SYSTEM_PROMPT)`, then the answer and
-<|im_end|>), until greedy accuracy on a validation sample reaches ~30 %, and cached like the
-default model. The word problems it saw are written beside it: `<model>/data/train.jsonl` and
-`<model>/data/test.jsonl` (the held-out set).
+Real GRPO runs start from instruct models, whose prompts go through a chat template and whose
+completions end with a special token; this model has the same moving parts, only small, warmed
+up on GSM8K-format word problems and cached like the default model (docs/internals.md, "The
+offline chat model").
 """
 
 from __future__ import annotations
@@ -154,7 +141,8 @@ def _tokenizer_corpus(problems: list[Problem]) -> list[str]:
 
 
 def build_untrained_chat_model(recipe: ChatModelRecipe, tokenizer) -> Qwen2ForCausalLM:
-    """A standard transformers Qwen2, so peft, TRL and vLLM-style loaders treat it like any model."""
+    """A standard transformers Qwen2, so peft, TRL and vLLM-style loaders treat it like any
+    model."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,

@@ -174,7 +174,8 @@ class GRPOConfig:
         except ValueError as exc:
             problems.append(str(exc))
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            problems.append(f"unknown dtype {self.dtype!r} (choose auto or one of {sorted(DTYPES)})")
+            problems.append(f"unknown dtype {self.dtype!r} "
+                            f"(choose auto or one of {sorted(DTYPES)})")
         if self.loss_type not in LOSS_TYPES:
             problems.append(f"unknown loss_type {self.loss_type!r} (choose one of {LOSS_TYPES})")
         if self.num_generations < 2:

@@ -1,31 +1,9 @@
 """Tasks from datasets: problems read from a file, a folder or the Hugging Face hub.
 
-A synthetic task (`grpo_lab.core.tasks`) draws endless fresh problems from a generator; a dataset
-is a fixed list of rows. `DatasetTask` gives those rows the same `Task` interface:
-
-    rows       one `Problem` per row: the prompt column (text, or a conversation in TRL's
-               format, a list of {"role", "content"} messages, kept as is) and the answer
-               column (text; a number becomes text). A dotted name reads a nested field
-               (`reward_model.ground_truth`, as in verl-style math sets)
-    held out   a separate split when one is named (`eval_split`: "test" of a hub dataset or a
-               folder, or a second file), else a fixed share of the rows (`eval_fraction`),
-               shuffled by a seed, so the same rows are held out on every run. At most
-               `eval_size` problems either way. A training row whose prompt is held out is
-               dropped, duplicates included: evaluation only asks prompts never trained on
-    sampling   `sample(rng)` picks a training row uniformly, with replacement. Like a synthetic
-               task it keeps no state: the same rng gives the same prompts, in any process.
-               Over many steps each row is seen about equally often, not exactly once an epoch
-
-Reading is left to the `datasets` library; every source goes through its `load_dataset`:
-
-    source                                   call
-    data.jsonl, .json, .csv or .parquet      load_dataset("json"|"csv"|"parquet", data_files=...)
-    a folder (train.jsonl, test.jsonl, ...)  load_dataset(folder, split=...): files name splits
-    a hub id ("openai/gsm8k", config "main") load_dataset(id, name=config, split=...)
-
-A file is one split; a folder's or a hub dataset's split can be a slice (`"train[:1000]"`). In a
-.csv file the prompt and answer cells are read as text, since guessing types would turn the
-answer "052" into the number 52.
+`DatasetTask` gives a dataset's rows the `Task` interface of the synthetic tasks: one `Problem`
+per row (a prompt column, text or a conversation, and an answer column), a held-out set (a split,
+or a seeded share of the rows never trained on) and stateless uniform sampling. Every source is
+read by `datasets.load_dataset` (docs/internals.md, "Tasks from datasets").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """From a prompt to the token ids the model sees: plain text, or a chat rendered by its template.
 
-A prompt is either text (`"07+45="`, a GSM8K question) or a conversation in TRL's format, a list
-of messages `[{"role": "user", "content": "..."}]`. Token ids are made the way TRL's
-GRPOTrainer makes them, so that grpo_lab and TRL train on the same ids:
-
-    conversation                 tokenizer.apply_chat_template(..., add_generation_prompt=True)
-    text, model with a template  the text as one user message (after `system_prompt`, if any),
-                                 then the same call: an instruct model is asked as in a chat
-    text, base model             tokenizer(text): its special tokens (e.g. <bos>) added as usual
-
-The generation prompt (`<|im_start|>assistant\\n` for ChatML) ends the prompt, so the completion
-is the assistant's answer and nothing else. `chat_template=False` turns the template off for
-text prompts (TRL's behaviour for a plain-text dataset).
+Token ids are made the way TRL's GRPOTrainer makes them, so that grpo_lab and TRL train on the
+same ids: a conversation, or text for a model with a chat template, goes through
+`apply_chat_template(..., add_generation_prompt=True)`; text for a base model through the
+tokenizer (docs/internals.md, "From a prompt to token ids").
 """
 
 from __future__ import annotations
@@ -65,7 +57,8 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], *, system_prompt: str |
         return []
     for p in prompts:
         if not isinstance(p, str) and not is_conversation(p):
-            raise TypeError(f"a prompt is text or a list of {{role, content}} messages, got {p!r:.80}")
+            raise TypeError("a prompt is text or a list of {role, content} messages, "
+                            f"got {p!r:.80}")
     if not uses_chat_template(tokenizer, prompts, chat_template):
         if system_prompt:
             raise ValueError("system_prompt needs a chat template (this tokenizer has none, or "

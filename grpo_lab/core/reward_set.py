@@ -1,20 +1,10 @@
 """Several reward functions, weighted and summed: the reward a GRPO group is compared on.
 
-    reward = w_1 * r_1(completion) + w_2 * r_2(completion) + ...
-
-as TRL's `reward_funcs` and `reward_weights` (a reward that returns None for a completion, e.g.
-one that does not apply to it, counts as 0 there, TRL's `nansum`). Written as one string,
-the way the CLI takes it:
-
     reward="math_answer,format", reward_weights="1.0,0.2"     correctness, plus a little for form
-    reward="math_answer,my_rewards:length_penalty"             a function from your own module
 
-A `module:function` entry is imported from your code (the working directory is searched first);
-the function has TRL's signature, `fn(completions, prompts, answer, **kwargs) -> list[float]`.
-
-Each reward is logged under its own name, as TRL does: `rewards/<name>/mean` and
-`rewards/<name>/std` over the step's completions. The **first** reward is the one the held-out
-evaluation counts (a problem is solved when it scores >= 1): list correctness first.
+As TRL's `reward_funcs` and `reward_weights` (a None score counts as 0); `module:function`
+imports a reward from your code. The first reward is the one the held-out evaluation counts
+(docs/internals.md, "Several rewards").
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def _boxed_contents(text: str) -> list[str]:
 
 
 def extract_final_answer(text: str) -> str | None:
-    """The final answer of a worked solution: `#### x`, else the last `\\boxed{x}`, else the last number."""
+    """The final answer of a worked solution: `#### x`, else the last `\\boxed{x}`, else the last
+    number."""
     if not isinstance(text, str):
         return None
     hashes = re.findall(r"####\s*(.+)", text)
@@ -114,4 +115,5 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 REWARDS = {"exact_match": exact_match_reward, "partial_match": partial_match_reward,
            "math_answer": math_answer_reward, "format": format_reward}
-"""The built-in rewards by name; `grpo_lab.core.reward_set` adds `module:function` from your code."""
+"""The built-in rewards by name; `grpo_lab.core.reward_set` adds `module:function` from your
+code."""

@@ -1,24 +1,9 @@
-"""Importance-sampling correction of the sampler/trainer mismatch (TRL's `vllm_importance_sampling_*`).
+"""Importance weights for the sampler/trainer mismatch (TRL's `vllm_importance_sampling_*`).
 
-An inference engine (vLLM, in bf16, with its own kernels) does not assign a sampled token exactly
-the log-probability the trainer's forward pass does, even with the same weights. The tokens come
-from the sampler's distribution pi_sampler, but the surrogate's ratio is taken against the trainer's
-own old log-probabilities pi_old. TRL's GRPOTrainer corrects for this by weighting each token's loss
-with w = pi_old / pi_sampler (truncated importance sampling, Yao et al. 2025, "Your efficient RL
-framework secretly brings you off-policy RL training"; masked importance sampling, Liu et al. 2025):
-
-    per_token_loss = w * surrogate(pi_theta / pi_old)            w detached: a constant weight
-
-    w is one of four modes, granularity x constraint (TRL's `vllm_importance_sampling_mode`):
-        token_*      w_t = exp(old_t - sampler_t)                  one weight per token   (B, T)
-        sequence_*   w   = exp(sum_t (old_t - sampler_t))          one weight per sequence (B, 1)
-        *_truncate   w <- clamp(w, clip_min, clip_max)             keep the token, bound its weight
-        *_mask       w <- 0 where w > clip_max or w < clip_min     drop the token / the sequence
-
-Shapes as in grpo_lab.core.grpo_loss: B completions, T completion tokens (right padded), `mask` 1
-on real tokens. Padding and tokens whose sampler logprob is NaN get log-ratio 0 (weight 1), as
-in TRL. Metric names are TRL's (`sampling/...`), and `kl` is TRL's AsyncGRPOTrainer's: the k3
-estimate of KL(pi_sampler || pi_theta).
+An inference engine does not give a sampled token exactly the trainer's log-probability, even
+with the same weights. TRL weights each token's loss with w = pi_old / pi_sampler, per token or
+per sequence, truncated or masked; `kl` is the k3 estimate of KL(pi_sampler || pi_theta). Shapes
+as in grpo_lab.core.grpo_loss (docs/internals.md, "The sampler correction").
 """
 
 from __future__ import annotations
@@ -35,7 +20,8 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 def is_sequence_level(mode: str) -> bool:
     """`sequence_*` modes give one weight per sequence, `token_*` modes one per token."""
     if mode not in IS_MODES:
-        raise ValueError(f"unknown vllm_importance_sampling_mode {mode!r}; choose one of {IS_MODES}")
+        raise ValueError(f"unknown vllm_importance_sampling_mode {mode!r}; "
+                         f"choose one of {IS_MODES}")
     return mode.startswith("sequence")
 
 

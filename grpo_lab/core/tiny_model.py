@@ -65,7 +65,8 @@ class TinyModelRecipe:
 
 
 def build_untrained_model(recipe: TinyModelRecipe, tokenizer) -> LlamaForCausalLM:
-    """A standard transformers Llama, so peft, TRL and vLLM-style loaders treat it like any model."""
+    """A standard transformers Llama, so peft, TRL and vLLM-style loaders treat it like any
+    model."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,

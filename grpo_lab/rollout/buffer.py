@@ -1,33 +1,10 @@
 """The bounded rollout buffer between generation and training in asynchronous GRPO.
 
-Producers (the scorer that turns finished generations into rewarded groups) `put` items tagged
-with the policy version that generated them; the trainer `get`s a batch tagged with its own
-version. The buffer does three jobs of the recipe:
-
-1. **Bounds the queue.** A full buffer blocks `put`, so generation cannot run arbitrarily far
-   ahead of training; the time producers spend blocked is *backpressure*.
-2. **Enforces `max_staleness`.** An item whose version lags the trainer's by more than
-   `max_staleness` is dropped when the trainer asks for a batch, and counted.
-3. **Measures the pipeline**, so the diagnosis in the recipe ("full queue + zero wait + high
-   backpressure = trainer too slow") can be read straight off `stats()`.
-
-`stats()` counts items (in the trainers an item is one prompt's group of G completions) and is
-cumulative where the name says so; the asynchronous trainer turns it into per-step values under
-TRL AsyncGRPOTrainer's names (grpo_lab.rollout.async_metrics, grpo_lab.train.glossary):
-
-- `sample/rollout_queue_size`: items in the buffer now.
-- `sample/rollout_queue_maxsize`: the bound; size == maxsize means generation is throttled.
-- `rollout/backpressure_cumulative_s`: seconds producers spent blocked in `put` waiting for
-  room, since the buffer was made (per step: `rollout/backpressure_total_s`).
-- `perf/rollout_wait_cumulative_s`: seconds consumers spent blocked in `get` waiting for items,
-  since the buffer was made (per step: `perf/rollout_wait_s`).
-- `sample/enqueued`, `sample/delivered`, `sample/dropped_stale_cumulative`: item counts since
-  the buffer was made; `enqueued == delivered + dropped_stale_cumulative + rollout_queue_size`
-  at every moment (per step, in completions: `sample/dropped_stale_total`).
-- `sample/staleness_mean`, `sample/staleness_max`: version lag (trainer version - item version)
-  of the items delivered by the *last* `get` (0 before the first delivery).
-- `sample/time_in_queue_mean_s`: mean seconds between `put` and delivery, *last* `get`.
-- `sample/staleness_hist`: `{lag: count}` over *every* item delivered so far (cumulative).
+Producers `put` groups tagged with the policy version that generated them; the trainer `get`s a
+batch tagged with its own. The buffer bounds the queue (a full buffer blocks `put`:
+backpressure), drops items staler than `max_staleness` at delivery, and measures the pipeline in
+`stats()`, so the recipe's diagnosis reads straight off it (docs/internals.md, "The rollout
+buffer", lists each counter).
 """
 
 from __future__ import annotations
@@ -98,7 +75,7 @@ class RolloutBuffer(Generic[T]):
         self._lock = threading.Lock()
         self._not_full = threading.Condition(self._lock)
         self._not_empty = threading.Condition(self._lock)
-        # Cumulative counters (see the module docstring for what each metric means).
+        # Cumulative counters (docs/internals.md, "The rollout buffer", says what each means).
         self._backpressure_s = 0.0
         self._rollout_wait_s = 0.0
         self._enqueued = 0
@@ -224,7 +201,8 @@ class RolloutBuffer(Generic[T]):
             return len(self._slots)
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of the metrics listed in the module docstring; reading resets nothing."""
+        """A snapshot of the counters (docs/internals.md, "The rollout buffer"); reading resets
+        nothing."""
         with self._lock:
             return {
                 "sample/rollout_queue_size": len(self._slots),

@@ -1,30 +1,11 @@
 """`HTTPGenerator`: the `Generator` of asynchronous GRPO backed by inference servers over HTTP.
 
-It swaps `LocalGenerator` (grpo_lab.rollout.generators) for a server (or a proxy in front of
-several) without touching the training loop:
-
-    publish(model, N)   the weight sync, TRL's adapter-only LoRA path:
-        1. bucket.publish       write the adapter as `policy-vN`, atomically (bucket/adapters.py)
-        2. POST /pause?mode=keep    freeze in-flight rollouts
-        3. POST /v1/load_lora_adapter {"lora_name": "policy-vN", "lora_path": <bucket>/policy-vN}
-                                (retried while the server answers "No adapter found")
-        4. POST /resume
-        5. POST /v1/unload_lora_adapter  policy-v(N - max_staleness - 1); the bucket deletes its
-                                directory one sync later
-    generate(prompt_ids, version=v, ...)
-        /v1/completions requests in one of two shapes (`request_shape`):
-            "group"   one request per prompt with n = G (the server samples the group at once)
-            "single"  G requests of n = 1 per prompt: TRL's rollout worker, the blog's shape,
-                      so a KV-prefix router sees every prompt G times and can send the copies
-                      to the replica that already holds its prefix
-        `model = "policy-vv"`, a fresh seed per request (so a prompt's G single requests
-        sample differently), at most `max_inflight` requests at a time (the client's cap;
-        None = all at once), untruncated sampling (top_p 1, top_k 0) so the server's processed
-        logprobs are the trainer's old-policy logprobs; with `retries`, a request answered
-        502/503/504 (a replica died under it, the proxy took it out) is sent again, alone.
-        Either shape returns the same `Completions`, prompt-major (by prompt, then sample).
-
-Every version has its own name: a reused name would let a server mix policies (prefix cache).
+It swaps `LocalGenerator` for a server (or a proxy in front of several) without touching the
+training loop. `publish` is TRL's adapter-only LoRA sync (the bucket, pause, load `policy-vN`,
+resume, unload the version `max_staleness + 1` behind); `generate` sends /v1/completions requests
+in the "group" (n = G) or "single" (G of n = 1, TRL's) shape. Every version has its own name
+(docs/internals.md, "Generators"; docs/serving-api.md, "How TRL's AsyncGRPOTrainer drives a
+server").
 """
 
 from __future__ import annotations

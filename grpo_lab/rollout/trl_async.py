@@ -1,28 +1,10 @@
 """TRL's `AsyncGRPOTrainer` fitted to grpo_lab: its settings, the bucket, a CPU.
 
-The job that runs it is grpo_lab.jobs.trl_async_job (`grpo-lab train-trl-async`). Here:
-`trl_config` maps grpo_lab's `AsyncGRPOConfig` onto TRL's (the task or dataset and the rewards
-come from grpo_lab: `make_task`, `RewardSet`, grpo_lab.rollout.trl_data); `BucketAsyncGRPOTrainer`
-saves each adapter version `trl-policy-v{N}` into the bucket, the folder every server reads
-adapters from, instead of TRL's `output_dir/.vllm_lora`. TRL decides adapter-only sync itself: a
-PEFT model and a server whose /server_info has a `lora_config` (`--enable-lora`) with
-`max_loras >= max_staleness + 2`.
-
-What TRL needs that grpo_lab does not provide:
-- vLLM installed: TRL's rollout worker refuses to start without `import vllm`, and its NCCL
-  weight transfer imports vLLM helpers (never called: adapters travel as files). On a GPU the
-  job runs in the vLLM image; on a CPU the vLLM CPU build does. Only where no `vllm` is
-  installed do its tests use test-only stand-ins (tests/trl_stand_ins/).
-- CUDA: FlashAttention-3 from the Hub (`kernels`) for its packed prefix trees, and the GPU's
-  name for MFU. Off a GPU grpo_lab.rollout.trl_cpu stands in for both.
-- `BucketAsyncGRPOTrainer` sets an attribute of TRL 1.16's trainer (`_lora_dir`) and the CPU
-  attention after TRL registers its own; tests/test_trl_async_job.py fails if they move.
-
-One optimizer step is exactly `prompts_per_step` x G samples (`trl_config`): TRL's own
-token-budget batcher packs a variable number of samples per micro-batch and, with one
-micro-batch per step, would make a step one packed row; fixed-count micro-batches are sized
-from `token_budget` and accumulated instead. The weights stay float32, computed in `--dtype`
-under autocast (bfloat16 on a GPU), with AdamW's betas (0.9, `adam_beta2`) and `weight_decay`.
+`trl_config` maps grpo_lab's `AsyncGRPOConfig` onto TRL's (one optimizer step is exactly
+`prompts_per_step` x G samples); `BucketAsyncGRPOTrainer` saves each adapter version
+`trl-policy-v{N}` into the bucket. The job that runs it is grpo_lab.jobs.trl_async_job; what TRL
+needs besides grpo_lab: docs/recipe.md, "TRL's AsyncGRPOTrainer as the trainer job" (and
+docs/internals.md, "TRL's AsyncGRPOTrainer").
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """TRL's AsyncGRPOTrainer off a GPU: its tree attention with torch's SDPA, no CUDA queries.
 
-TRL 1.16's async trainer assumes CUDA in two places; `use_cpu_tree_attention` and
-`skip_cuda_queries` replace them, for the process they are called in (TRL's files are not touched):
-
-    tree attention   FlashAttention-3 from the Hub -> `tree_attention_cpu` (below), registered
-                     under TRL's attention name, so TRL's model code is unchanged
-    MFU metrics      `get_peak_flops_per_device` asks `torch.cuda.get_device_name` -> None
-                     (TRL's own answer for an unknown device: MFU is not logged)
-
-The tree attention. TRL's `AsyncGRPOTrainer` packs a micro-batch into a prefix trie (trl.experimental.async_grpo.
-packing.TreeRow) and attends with a FlashAttention-3 kernel fetched from the Hub (`kernels`),
-which only runs on a CUDA GPU. The layout it hands the kernel, per row of N unique tokens:
-
-    tree_kv_index      (K,)    packed position of each K/V row to gather: every segment's
-                               root-to-segment path, laid end to end
-    tree_cu_seqlens_q  (S+1,)  segment s holds the queries [cu_q[s], cu_q[s+1])
-    tree_cu_seqlens_k  (S+1,)  its path is tree_kv_index[cu_k[s]:cu_k[s+1]]
-
-A segment's queries are the last tokens of its path, so the mask is causal aligned to the
-bottom-right (FlashAttention's `causal=True` when there are fewer queries than keys): query j of
-Sq sees the first Sk - Sq + j + 1 keys. `tree_attention_cpu` computes exactly that, one
-segment at a time. With nothing shared, every sample is one segment: plain causal attention.
+TRL 1.16's asynchronous trainer assumes CUDA in two places, which `use_cpu_tree_attention` and
+`skip_cuda_queries` replace for the process they are called in (TRL's files are not touched):
+FlashAttention-3 for its packed prefix trees becomes `tree_attention_cpu`, and MFU is not logged.
+The trees' layout and the mask: docs/internals.md, "TRL's AsyncGRPOTrainer".
 """
 
 from __future__ import annotations

@@ -3,21 +3,10 @@
     accelerate launch --multi_gpu --num_processes 2 -m grpo_lab.cli train ...      (DDP)
     accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 -m grpo_lab.cli train ...
 
-Data parallel GRPO: every process holds the policy (DDP: all of it; FSDP2: a shard of every
-weight, gathered layer by layer for each forward), takes its share of the step's samples (whole
-groups: advantages are relative within a group), and the gradients are averaged over the
-processes. Each process scales its loss so that the average is the gradient of one process's
-loss over the whole step (see `Processes.loss_scale`). Only the main process writes metrics,
-adapters and checkpoints; a checkpoint holds full (unsharded) weights and optimizer state, so
-one written by N processes resumes under M.
-
-`Processes` is the trainer's one view of all this, built on `accelerate.Accelerator`. With one
-process (no `accelerate launch`, or a launch of one) it holds no Accelerator and every method is
-the plain one-process operation: the trainer runs exactly as it always did.
-
-On a machine without GPUs accelerate's `--cpu` launcher starts a single process; use
-`--multi_gpu` (torchrun underneath): `Processes` then asks accelerate for CPU processes, which
-talk over gloo. FSDP is GPU-only in accelerate.
+`Processes` is the trainer's one view of data-parallel GRPO: each process's share of the step in
+whole groups, a loss scaled so the averaged gradient is the whole step's, the main process alone
+writing; with one process it is the plain one-process code (docs/internals.md, "Several
+processes").
 """
 
 from __future__ import annotations
