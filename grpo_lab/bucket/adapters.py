@@ -1,25 +1,10 @@
 """Adapter publishing through "the bucket": a folder every job sees at the same absolute path.
 
-The trainer writes each policy version's LoRA adapter into the bucket; inference servers load it
-from the same path (`/v1/load_lora_adapter`). No NCCL, no network between the jobs: a rank-1
-adapter is a few hundred kilobytes even for a 1.5B model.
-
-Publishing, as TRL's AsyncGRPOTrainer does it:
-
-    1. write    save_pretrained into a hidden temp dir inside the bucket  (.policy-v7.tmp-x1y2)
-    2. open up  chmod 0755 dirs / 0644 files: PEFT writes the weights 0600, and the
-                servers may run as another user
-    3. publish  os.rename(temp, "policy-v7"): atomic on one filesystem, so a local reader sees
-                nothing or everything (a bucket mount in another job may lag: see below)
-    4. retire   keep the `max_staleness + 2` newest versions; delete an older one only once
-                every server has unloaded it (`mark_unloaded`), one sync after its unload
-
-Names are never reused (one name per version): servers key their prefix caches by adapter name.
-
-On Hugging Face Jobs the bucket is a Storage Bucket mounted into every job
-(grpo_lab.jobs.hf_jobs: `hf jobs run -v hf://buckets/<owner>/<bucket>:/lora ...`); mounts of
-different jobs see a new directory at different moments, which is why loads are retried while
-a server answers "No adapter found".
+The trainer writes each policy version's LoRA adapter into the bucket and the servers load it
+from the same path: no NCCL, no network between the jobs. `AdapterBucket.publish` writes into a
+hidden temporary folder, opens up the permissions and renames it to `policy-vN` (atomic on one
+filesystem); old versions are deleted once every server has unloaded them. Names are never
+reused (docs/recipe.md, "The bucket").
 """
 
 from __future__ import annotations

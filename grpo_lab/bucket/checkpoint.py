@@ -1,22 +1,8 @@
 """Trainer checkpoints in the bucket, so that a preempted trainer job resumes where it stopped.
 
-A checkpoint is everything the next step depends on:
-
-    <bucket>/checkpoints/step-000012/
-        adapter/            the LoRA adapter (PEFT's files) or the full model
-        optimizer.pt        AdamW's moments and step counts
-        state.json          step, policy version, prompt-sampler RNG, cumulative counters
-        rng.pt              torch's CPU RNG (sampling and dropout)
-
-Writing is atomic, as for adapters (grpo_lab.bucket.adapters): stage in a hidden temp dir
-(`.step-000012.tmp-x1y2`), then `os.rename` it to its final name. A trainer killed mid-write
-(SIGKILL, preemption) leaves only a hidden temp dir, which the next `Checkpoints(...)` deletes;
-`latest()` never sees it. The `keep` newest checkpoints are kept.
-
-Several trainer processes (`accelerate launch`, grpo_lab.train.distributed): every process calls
-`save` (under FSDP2 the weights and the optimizer's state are gathered from the shards), the main
-process alone writes. A checkpoint always holds the full weights and optimizer state, so one
-written by N processes loads under M: every process `load`s the same files.
+A checkpoint (`checkpoints/step-000012/`: adapter or model, optimizer, state, RNG) is written
+atomically, as adapters are, and always holds full weights and optimizer state, so one written
+by N trainer processes loads under M (docs/internals.md, "Checkpoints").
 """
 
 from __future__ import annotations

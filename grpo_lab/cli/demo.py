@@ -21,9 +21,11 @@ from .multi_job import DEFAULT_MIN_GAIN
 
 
 def add_parser(sub) -> None:
-    demo = sub.add_parser("demo", help="the main job: GRPO on the tiny offline model, with a summary")
+    demo = sub.add_parser("demo",
+                          help="the main job: GRPO on the tiny offline model, with a summary")
     demo.add_argument("--min-gain", type=float, default=None,
-                      help="exit with status 1 unless greedy accuracy rises by this much (e.g. 0.2); "
+                      help="exit with status 1 unless greedy accuracy rises by this much "
+                      "(e.g. 0.2); "
                       f"the summary reports against it (default {DEFAULT_MIN_GAIN:g})")
     demo.add_argument("--jobs", choices=("none", "local"), default="local",
                       help="local: the recipe's jobs (a trainer, replicas, the proxy, a bucket "
@@ -85,7 +87,8 @@ def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
     print(f"grpo-lab demo: {summary['steps']} GRPO steps, {summary['samples']} samples, "
           f"{summary['trainable_parameters']:,} trainable parameters")
     print(f"greedy accuracy on {config.eval_size} held-out problems: "
-          f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f} points) in {grpo_seconds:.0f} s of GRPO")
+          f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f} points) "
+          f"in {grpo_seconds:.0f} s of GRPO")
     verdict = "met" if after - before >= min_gain else "NOT met"
     print(f"target: greedy accuracy gain >= {100 * min_gain:+.0f} points: "
           f"{100 * (after - before):+.1f} ({verdict})")

@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     launch.add_argument("--dry-run", default=False, **BOOL_FLAG,
                         help="print the plan and the equivalent commands; start nothing")
     launch.add_argument("--run-dir", default=None,
-                        help="local backend: folder for logs and plan.json (default: runs/<run-name>)")
+                        help="local backend: folder for logs and plan.json "
+                        "(default: runs/<run-name>)")
     launch.add_argument("--namespace", default=None, help="hf-jobs: user or org running the jobs")
     launch.add_argument("--detach", default=False, **BOOL_FLAG,
                         help="hf-jobs: submit and return instead of following the run (the "
@@ -71,7 +72,8 @@ DRY_RUN_BUCKET = "hf://buckets/<you>/grpo-lab"
 
 
 def _changed_fields(config: RecipeConfig) -> dict:
-    """The fields whose value is not RecipeConfig's default (the flags given on the command line)."""
+    """The fields whose value is not RecipeConfig's default (the flags given on the command
+    line)."""
     default = RecipeConfig()
     return {f.name: getattr(config, f.name) for f in fields(RecipeConfig)
             if getattr(config, f.name) != getattr(default, f.name)}

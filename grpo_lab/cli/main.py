@@ -1,20 +1,16 @@
-"""`grpo-lab`: the command line. Flags are generated from the config dataclass and its docstrings.
+"""`grpo-lab`: the command line. Flags are generated from the config dataclasses' docstrings.
 
-    grpo-lab demo                    the main job: GRPO on the tiny model, summary, plots, metrics
-    grpo-lab train --steps 100 ...   a GRPO run with any GRPOConfig field as a flag; on several
-                                     processes: accelerate launch ... -m grpo_lab.cli train ...
+    grpo-lab demo                        the main job: GRPO on the tiny model, summary, plots
+    grpo-lab train --steps 100 ...       GRPO with any GRPOConfig field as a flag
     grpo-lab train-async --server-url URL --output-dir DIR [--resume]
-                                     the trainer job: async LoRA GRPO against servers, a bucket
-    grpo-lab train-trl-async --server-url URL --output-dir DIR
-                                     the same job with TRL's AsyncGRPOTrainer
-    grpo-lab build-model [--kind chat]
-                                     build (or find) the cached tiny (or chat) model, print its folder
-    grpo-lab serve tiny --enable-lora --port 8000
-                                     an inference server speaking vLLM's HTTP contract
-    grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
-                                     the recipe's jobs (replicas, proxy, trainer), local or HF
-    grpo-lab proxy --upstream URL --upstream URL --port 8000
-                                     several servers behind one URL, routed by KV-prefix affinity
+                                         the trainer job: async LoRA GRPO against servers
+    grpo-lab train-trl-async ...         the same job with TRL's AsyncGRPOTrainer
+    grpo-lab build-model [--kind chat]   build (or find) the cached tiny (or chat) model
+    grpo-lab serve tiny --enable-lora    an inference server speaking vLLM's HTTP contract
+    grpo-lab proxy --upstream URL ...    several servers behind one URL, KV-prefix routing
+    grpo-lab launch [--dry-run]          the recipe's jobs (replicas, proxy, trainer), local or HF
+
+Each command is a module of grpo_lab.cli with `add_parser` and `run`: `grpo-lab COMMAND --help`.
 """
 
 from __future__ import annotations

@@ -5,13 +5,10 @@
     replica-1 ─┘                 │
            <── load policy-vN ───┘ adapters through <run>/bucket/, a plain local folder
 
-The plan is `recipe_plan(backend="local")` (grpo_lab.jobs.plan), the same plan `grpo-lab launch`
-starts, with the trainer's hyperparameters appended to its command. This process only watches:
-a progress bar fed by the trainer's metrics.jsonl (reward, staleness, queue), then a summary
-table (accuracy before and after, syncs, router counters from /proxy/stats) and the run folder:
-
-    <run>/summary.json, pipeline.png, training.png, logs/<job>.log, plan.json
-    <run>/bucket/train/metrics.jsonl, syncs.jsonl, adapter/, adapters/policy-vN, checkpoints
+The plan is `recipe_plan(backend="local")`, the one `grpo-lab launch` starts, with the trainer's
+hyperparameters appended. This process only watches: a progress bar fed by the trainer's
+metrics.jsonl, then a summary table and the run folder (summary.json, plots, logs/, plan.json,
+bucket/train/ with the metrics, syncs, adapters and checkpoints).
 """
 
 from __future__ import annotations
@@ -45,29 +42,15 @@ RUN_NAME = "train"
 MULTI_JOB_DEFAULTS = dict(max_staleness=1, eval_every=0, steps=145, learning_rate=2e-3,
                           lr_scheduler_type="linear", lora_rank=4, temperature=0.7)
 """Where `grpo-lab demo --jobs local` differs from the config's defaults (a flag given on the
-command line wins): sized for 2 CPU cores shared by four processes, and for its targets (+20
-points in at most 60 s of training). Measured on the tiny model (sync GRPO, same samples):
-lr 1e-3 constant plateaus near +18 points by step 120; 2e-3 constant gets there sooner but
-falls back by step 150; 2e-3 decaying linearly to 0 keeps it. benchmarks/demo.py, 3 seeds:
-+19.3 points median at 130 steps (48 s), +19.7 at 145 steps (58 s, kept); on the next build of
-the model, +17.4 at rank 1. Rank 4 (same alpha / r = 2, same time per step) learns faster on
-this model: sync GRPO, 145 steps, seeds 0-2: +23.8, +21.1, +18.9 points at rank 4 against
-+18.4 at rank 1 (seed 0); rank 8 +20.5. The notebooks keep rank 1, the recipe's choice.
-Sampling at temperature 0.7 (the trainer's logprobs use the same temperature) brings the samples
-closer to the greedy answer that is scored: sync GRPO, rank 4, seeds 0-2: +21.5, +22.5, +21.7
-points (against +23.8, +21.1, +18.9 at 1.0); the demo itself: +22.5, +25.6, +21.5 against
-+22.3, +17.8, +18.6 at 1.0 (benchmarks/demo.py has the timed figures)."""
+command line wins): sized for 2 CPU cores shared by four processes and for its targets (+20
+points in at most 60 s of training). The measurements behind each value:
+benchmarks/results/README.md."""
 
 
 TINY_BLOCK_SIZE = 4
 """KV block size of the demo's replicas and proxy on the tiny model: its prompts ("53+05=" and a
-BOS) are 7 tokens, less than vLLM's 16-token block, so at 16 nothing would be routed by prefix
-or cached. At 4 each prompt has one full block to route and cache on. The demo asks for a
-prompt's G completions in one request (n = G): the blog's shape (G requests of n = 1, which the
-router sends after the first, 88 % affinity; notebook 07) costs the demo 12-16 s more training
-on 2 cores (benchmarks/demo.py: 67-71 s against 55 s), past its 60 s target. So the demo's
-router counts affinity only when another prompt of the step shares the block, and its replicas'
-prefix caches hit within each request's G sequences."""
+BOS) are 7 tokens, so at vLLM's 16 nothing would be routed by prefix or cached. The demo asks for
+a prompt's G completions in one request (n = G; why: benchmarks/results/README.md)."""
 
 
 def multi_job_config(args) -> AsyncGRPOConfig:
@@ -200,8 +183,9 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_pipeline(records).savefig(run_dir / "pipeline.png", dpi=90)
-    plot_training(records, title="grpo-lab demo --jobs local",
-                  keys=("reward", "eval/accuracy", "ratio")).savefig(run_dir / "training.png", dpi=90)
+    training = plot_training(records, title="grpo-lab demo --jobs local",
+                             keys=("reward", "eval/accuracy", "ratio"))
+    training.savefig(run_dir / "training.png", dpi=90)
     print_summary(summary, min_gain)
     return summary
 
@@ -238,7 +222,8 @@ def prefix_cache_line(cache: dict, block_size: int = DEFAULT_BLOCK_SIZE) -> str:
         return "no prompt tokens queried"
     gone = f"; {len(cache['unreachable'])} replica(s) gone" if cache.get("unreachable") else ""
     return (f"{cache['cache_hits']:.0f} of {cache['cache_queries']:.0f} prompt tokens cached "
-            f"({cache['cache_hit_rate']:.0%}; only whole {block_size}-token blocks are cached{gone})")
+            f"({cache['cache_hit_rate']:.0%}; "
+            f"only whole {block_size}-token blocks are cached{gone})")
 
 
 DEMO_TARGETS = {"train_s": 60.0, "startup_s": 20.0}

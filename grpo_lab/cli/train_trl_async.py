@@ -1,4 +1,4 @@
-"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (grpo_lab.jobs.trl_async_job).
+"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (jobs/trl_async_job).
 
     grpo-lab train-trl-async --server-url http://127.0.0.1:8000 --output-dir runs/trl \\
         --model tiny-chat --dataset <chat model>/data --reward math_answer --steps 50

@@ -1,20 +1,10 @@
 """Follow a run on Hugging Face Jobs to its end, then cancel what still bills.
 
-    jobs = HfJobsLauncher(plan, run_job=api.run_job).submit()
     follow_run(api, jobs)                 # the trainer's logs, each job's stage, then cancel
     cancel_run("recipe-20260101-120000")  # `grpo-lab launch --cancel RUN`, from any machine
 
-The replicas serve until cancelled or until their timeout (4 h by default): nothing in them ends
-when training does. So the follower cancels every job of the run as soon as
-- the trainer job ends, whatever its stage (COMPLETED, ERROR, CANCELED, DELETED);
-- a replica job ends first: a healthy replica never ends on its own, so the run is broken (the
-  trainer waits for every replica's health, or goes on with fewer, still paying for itself);
-- the user presses Ctrl-C (or the follower gets SIGTERM), or the stages cannot be read.
-
-Every job is submitted with the label `grpo-lab-run=<run>`, so `cancel_run` finds a run's jobs
-on the Hub (`list_jobs(labels=...)`) from any machine. The submitting machine also writes
-`$GRPO_LAB_HOME/runs/<run>/hf_jobs.json` (ids and namespace): the namespace comes from it, and
-its ids are cancelled when the Hub cannot be listed.
+Replicas serve until cancelled, so the follower cancels every job of the run when the trainer
+ends, a replica ends first, or the user stops it (docs/recipe.md, "Following and stopping a run").
 """
 
 from __future__ import annotations
@@ -105,7 +95,8 @@ def cancel_jobs(api, job_ids: dict[str, str], namespace: str | None) -> dict[str
             print(f"cancelled {name} ({job_id})", flush=True)
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
-            print(f"could not cancel {name} ({job_id}): {failed[name]}", file=sys.stderr, flush=True)
+            print(f"could not cancel {name} ({job_id}): {failed[name]}", file=sys.stderr,
+                  flush=True)
     return failed
 
 
@@ -115,7 +106,8 @@ def find_run_jobs(api, run: str, namespace: str | None = None) -> tuple[dict[str
     record = read_run_record(run)
     namespace = namespace or (record or {}).get("namespace")
     try:
-        listed = api.list_jobs(labels={RUN_LABEL: run}, status=list(ACTIVE_STAGES), namespace=namespace)
+        listed = api.list_jobs(labels={RUN_LABEL: run}, status=list(ACTIVE_STAGES),
+                               namespace=namespace)
         return {(job.labels or {}).get("name", job.id).removeprefix(f"{run}-"): job.id
                 for job in listed}, namespace
     except Exception as exc:

@@ -28,6 +28,7 @@ def wheel_install(wheel: str, *, image_has_torch: bool, extra: tuple[str, ...] =
         f"for attempt in $(seq {PIP_ATTEMPTS}); do",
         f"  pip install --quiet --retries 5{index} {wheel_and_extra} && break",
         f'  [ "$attempt" = {PIP_ATTEMPTS} ] && exit 1',
-        f'  echo "pip install failed (attempt $attempt of {PIP_ATTEMPTS}); retrying in 30 s"; sleep 30',
+        f'  echo "pip install failed (attempt $attempt of {PIP_ATTEMPTS}); retrying in 30 s"; '
+        'sleep 30',
         "done",
     ])

@@ -4,23 +4,9 @@
         run.wait("trainer")                                 # and log file, runs/r1/logs/<job>.log
     # leaving the block (normally, by an error, or Ctrl-C) stops every job it started
 
-The same plan goes to Hugging Face Jobs through grpo_lab.jobs.hf_jobs; `grpo-lab launch`
-(grpo_lab.cli.launch) picks the backend.
-
-Local lifecycle, per job, in the plan's dependency order (grpo_lab.core.processes does each):
-    1. start   `spawn`: the job leads a new process group, so stopping it also stops whatever
-               it spawned (vLLM's engine core, a tokenizer pool, ...)
-    2. health  `wait_healthy` on its health URL; if it exits first or the deadline passes, stop
-               everything and raise `LaunchError` with the last 40 lines of its log
-    3. stop    `stop_groups`: SIGTERM to the group, SIGKILL after `grace_s`: on leaving the
-               `with` block, on an error, at interpreter exit (a weakref finalizer, which also
-               runs at exit), and, when the launcher runs in the main thread, when this process
-               dies: the job's own process has PR_SET_PDEATHSIG, so a notebook kernel that is
-               killed rather than shut down still takes its jobs with it (their children are
-               then their business)
-
-`python3 -m grpo_lab.jobs.local wait-healthy URL` runs `wait_healthy` from a shell: the HF trainer
-job (grpo_lab.jobs.plan) waits with it for the proxy before it starts the trainer.
+Each job is started, health-checked and stopped as a process group, so nothing it spawned
+outlives the run (docs/internals.md, "The local launcher"). `python3 -m grpo_lab.jobs.local
+wait-healthy URL` runs `wait_healthy` from a shell (the HF trainer job waits for its proxy so).
 """
 
 from __future__ import annotations
@@ -193,7 +179,8 @@ class LocalLauncher:
             elif proc.returncode < 0:
                 out[job.name] = f"killed (signal {-proc.returncode})"
             else:
-                out[job.name] = "exited (0)" if proc.returncode == 0 else f"failed (code {proc.returncode})"
+                code = proc.returncode
+                out[job.name] = "exited (0)" if code == 0 else f"failed (code {code})"
         return out
 
     def wait(self, name: str, timeout_s: float | None = None) -> int:
@@ -217,7 +204,8 @@ def local_commands(plan: RunPlan, run_dir: str | Path) -> str:
     lines = [f"# {plan.name}: {len(plan.jobs)} local processes, logs in {Path(run_dir) / 'logs'}"]
     for job in plan.jobs:
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in job.env.items())
-        lines.append(f"# {job.name}" + (f" (ready when {job.health_url} answers 200)" if job.health_url else ""))
+        ready = f" (ready when {job.health_url} answers 200)" if job.health_url else ""
+        lines.append(f"# {job.name}{ready}")
         lines.append(f"{env} {shlex.join(job.command)}".strip())
     return "\n".join(lines)
 

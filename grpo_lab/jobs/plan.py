@@ -1,25 +1,10 @@
 """The recipe's plan: docs/recipe.md's run written down as a `RunPlan` (grpo_lab.jobs.specs).
 
-    replica-0 ──┐                                  one bucket, mounted at the same absolute
-    replica-1 ──┼──> proxy ──> trainer             path in every job (`/lora` on HF Jobs):
-    ...        ─┘   127.0.0.1, beside the trainer  the trainer writes adapters, replicas read
-
-`recipe_plan()` builds it from a `RecipeConfig` (the flags of `grpo-lab launch`) for either
-backend: `local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each,
-grpo_lab installed from a wheel of this checkout carried in the bucket: grpo_lab.jobs.install).
-On HF Jobs the trainer's device follows its flavor, on a GPU it trains the blog's run
-(grpo_lab.jobs.blog, also `preset_config("blog")`), and it appends its logs to a local folder
-that it copies whole into the bucket (a bucket mount takes whole-file writes only).
-
-The vLLM replicas start as in the reference's `run_vllm_job.sh` (AmineDiro/hfjobs-lora-buckets;
-docs/recipe.md): bfloat16 weights, 85 % of the GPU by default, LoRA slots for
-`max_staleness + 2` adapters (more kept in CPU memory), a context of prompt + completion, and
-the LoRA rank rounded up to a `--max-lora-rank` vLLM accepts.
-
-Where the proxy runs: on HF Jobs it runs **inside the trainer job** (as in the recipe), because it
-must sit on 127.0.0.1 next to the trainer and hold the token that exposed job ports need. Locally
-it is **a job of its own** (own log, own process group, health-checked before the trainer starts),
-which changes nothing for the trainer: it talks to `http://127.0.0.1:<port>` either way.
+`recipe_plan()` builds it from a `RecipeConfig` (the flags of `grpo-lab launch`) for the local
+backend (a process per job) or HF Jobs (a job each, grpo_lab installed from a wheel in the
+bucket). The replicas start as the reference's `run_vllm_job.sh` starts vLLM; the proxy runs
+inside the trainer job on HF Jobs, as a job of its own locally (docs/internals.md, "The plan";
+docs/recipe.md, "Running the jobs").
 """
 
 from __future__ import annotations
@@ -112,7 +97,8 @@ def recipe_plan(config: RecipeConfig | None = None, *,
         raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_staleness + 2 "
                          f"({max_loras}), as vLLM requires of --max-cpu-loras")
     if not 0 < cfg.gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+        raise ValueError("gpu_memory_utilization must be in (0, 1], "
+                         f"got {cfg.gpu_memory_utilization}")
     if cfg.max_prompt_length < 1 or cfg.max_completion_length < 1:
         raise ValueError("need max_prompt_length >= 1 and max_completion_length >= 1")
     run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")

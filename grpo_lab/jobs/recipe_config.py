@@ -69,8 +69,9 @@ class RecipeConfig:
     install: str | None = None
     """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
     checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
-    installed from the mount (core dependencies only, retried: grpo_lab.jobs.install). Or e.g. `pip install git+https://github.com/<you>/grpo_lab`;
-    `true` for an image that already has it."""
+    installed from the mount (core dependencies only, retried: grpo_lab.jobs.install). Or e.g.
+    `pip install git+https://github.com/<you>/grpo_lab`; `true` for an image that already has
+    it."""
     run_name: str | None = None
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0

@@ -68,7 +68,8 @@ class BucketMount:
 
     def __post_init__(self):
         if not self.mount_path.startswith("/") or self.mount_path == "/":
-            raise ValueError(f"mount_path must be an absolute path other than /, got {self.mount_path!r}")
+            raise ValueError("mount_path must be an absolute path other than /, "
+                             f"got {self.mount_path!r}")
 
     @property
     def on_hub(self) -> bool:
@@ -112,14 +113,16 @@ class JobSpec:
 
     def __post_init__(self):
         if not NAME_RE.fullmatch(self.name):
-            raise ValueError(f"job name must be lowercase letters, digits and dashes, got {self.name!r}")
+            raise ValueError("job name must be lowercase letters, digits and dashes, "
+                             f"got {self.name!r}")
         if not self.command:
             raise ValueError(f"job {self.name!r} has an empty command")
         for name in self.secrets:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError(f"secret names are environment variable names, got {name!r}")
             if name in self.env:
-                raise ValueError(f"{name} is both a secret and a plain env var in job {self.name!r}")
+                raise ValueError(f"{name} is both a secret and a plain env var "
+                                 f"in job {self.name!r}")
 
     def placeholders(self) -> set[str]:
         """Jobs whose URL this job's command names."""
@@ -127,12 +130,14 @@ class JobSpec:
 
     def describe(self) -> str:
         """Human-readable summary; secrets by name only."""
-        where = "this machine" if self.flavor == "local" else f"flavor={self.flavor} image={self.image}"
+        where = ("this machine" if self.flavor == "local"
+                 else f"flavor={self.flavor} image={self.image}")
         lines = [f"[{self.name}] {where}" + (f" timeout={self.timeout}" if self.timeout else "")]
         if self.depends_on:
             lines.append(f"  after:   {', '.join(self.depends_on)}")
         for v in self.volumes:
-            lines.append(f"  bucket:  {v.source} at {v.mount_path} ({'read-only' if v.read_only else 'read-write'})")
+            mode = "read-only" if v.read_only else "read-write"
+            lines.append(f"  bucket:  {v.source} at {v.mount_path} ({mode})")
         if self.ports:
             lines.append(f"  ports:   {', '.join(map(str, self.ports))}")
         if self.health_url:
@@ -164,10 +169,12 @@ class RunPlan:
                 raise ValueError(f"two jobs are named {job.name!r}")
             for dep in [*job.depends_on, *job.placeholders()]:
                 if dep not in seen:
-                    raise ValueError(f"job {job.name!r} needs {dep!r}, which is not earlier in the plan")
+                    raise ValueError(f"job {job.name!r} needs {dep!r}, "
+                                     "which is not earlier in the plan")
             for dep in job.placeholders():
                 if not self[dep].ports:
-                    raise ValueError(f"job {job.name!r} names the URL of {dep!r}, which has no port")
+                    raise ValueError(f"job {job.name!r} names the URL of {dep!r}, "
+                                     "which has no port")
             seen.add(job.name)
 
     def __getitem__(self, name: str) -> JobSpec:
@@ -185,7 +192,8 @@ class RunPlan:
         level: dict[str, int] = {}
         for job in self.jobs:
             level[job.name] = 1 + max((level[d] for d in job.depends_on), default=-1)
-        return [[j for j in self.jobs if level[j.name] == n] for n in range(max(level.values(), default=-1) + 1)]
+        depth = max(level.values(), default=-1) + 1
+        return [[j for j in self.jobs if level[j.name] == n] for n in range(depth)]
 
     def only(self, *names: str) -> RunPlan:
         """A plan with just these jobs (dependencies on dropped jobs are dropped too)."""

@@ -13,9 +13,10 @@ DEFAULT_TRAINER_ARGS = (
     "--max-staleness", "{max_staleness}", "--bucket", "{output_dir}/adapters",
     "--device", "{device}", "--resume",
 )
-"""`grpo-lab train-async` (grpo_lab.jobs.train_async_job). `--resume` makes a restarted trainer job (a
-preemption) continue from its newest checkpoint; on a first start there is none. `{device}` is
-`auto` locally; on HF Jobs it follows the trainer's flavor (`cuda` on a GPU, `cpu` on cpu-*)."""
+"""`grpo-lab train-async` (grpo_lab.jobs.train_async_job). `--resume` makes a restarted trainer
+job (a preemption) continue from its newest checkpoint; on a first start there is none.
+`{device}` is `auto` locally; on HF Jobs it follows the trainer's flavor (`cuda` on a GPU, `cpu`
+on cpu-*)."""
 
 LOCAL_RUN_DIR = "/tmp/grpo-lab-run"
 """HF trainer job: where metrics.jsonl, syncs.jsonl and completions.jsonl are appended. A bucket

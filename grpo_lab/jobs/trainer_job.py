@@ -1,7 +1,8 @@
 """What both trainer jobs share: `grpo-lab train-async` (grpo_lab's asynchronous trainer,
 grpo_lab.jobs.train_async_job) and `grpo-lab train-trl-async` (TRL's AsyncGRPOTrainer,
-grpo_lab.jobs.trl_async_job) take the same training flags (`AsyncGRPOConfig`) and these job flags,
-then their own. docs/recipe.md, "The trainer job", describes the run folder, the bucket and resuming.
+grpo_lab.jobs.trl_async_job) take the same training flags (`AsyncGRPOConfig`) and these job
+flags, then their own. docs/recipe.md, "The trainer job", describes the run folder, the bucket and
+resuming.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (grpo_lab.rollout.trl_async).
+"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (rollout/trl_async).
 
-    TRL AsyncGRPOTrainer ──/v1/completions (one completion per request)──> the proxy ──> replicas
-          │   (a spawned rollout process scores each group with grpo_lab's RewardSet)
-          └──every weight_sync_steps──> /pause, save trl-policy-vN into the bucket,
-                                        /v1/load_lora_adapter trl-policy-vN, /resume,
-                                        unload trl-policy-v(N - max_staleness - 1)
-
-The same run as `grpo-lab train-async` (grpo_lab.jobs.train_async_job), with TRL's trainer in
-place of grpo_lab's: the same training flags (`AsyncGRPOConfig`) and shared job flags
-(grpo_lab.jobs.trainer_job). Not mapped, TRL decides: the loss's aggregation and advantage
-scaling, and no held-out evaluation (`eval_every`). `beta > 0` and `num_iterations > 1` are
-refused.
-
-Checkpoints: every `checkpoint_every` steps TRL writes `checkpoint-N` (adapter, optimizer,
-scheduler, RNG, the rollout worker's prompt position and adapter version) into
-`<output-dir>/trl`; `--resume` starts from the newest one and keeps numbering adapters after the
-newest `trl-policy-vN` in the bucket, so no name a server may still hold is published again.
-Metrics are TRL's names (its `log_history`), written whole to `metrics.jsonl` at every log, with
-one printed line per step; `summary.json` has the steps, the adapters published, the time and
-which `vllm` the job imported.
+The same run as `grpo-lab train-async`, TRL's trainer in place of grpo_lab's: the same training
+and job flags, TRL's checkpoints in `<output-dir>/trl` (`--resume` numbers adapters after the
+newest one in the bucket), TRL's metric names in metrics.jsonl (docs/internals.md, "TRL's trainer
+job"; docs/recipe.md, "TRL's AsyncGRPOTrainer as the trainer job").
 """
 
 from __future__ import annotations

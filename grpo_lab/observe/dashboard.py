@@ -1,17 +1,11 @@
 """Watch an asynchronous run: a live panel in a notebook, a text line elsewhere.
 
-    dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))  # router counters, or
-    dash = Dashboard(stats=lambda: {**proxy_stats(proxy), **replica_cache_stats(replicas)})
-    (proxy_stats, replica_cache_stats: grpo_lab.observe.live_stats)
+    dash = Dashboard(stats=lambda: proxy_stats("http://127.0.0.1:8000"))  # the router's counters
     trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
     dash.follow(run_dir, until=lambda: not run.running("trainer"))
 
-In a notebook `Dashboard` shows an ipywidgets panel (a status line and a matplotlib picture,
-redrawn at most every `min_interval_s`); elsewhere it prints the status line instead. The
-status line carries `diagnose`'s verdict (grpo_lab.observe.diagnose). The picture holds reward
-and ratio, the router's counters when there are stats, and those of the pipeline plots of
-grpo_lab.observe.plots that have data: a synchronous run shows three plots, an asynchronous one
-up to nine. `plot_pipeline(run_dir)` draws the pipeline plots of a finished run.
+The panel holds a status line with `diagnose`'s verdict and the pipeline plots that have data
+(docs/internals.md, "The dashboard").
 """
 
 from __future__ import annotations
@@ -154,7 +148,8 @@ class Dashboard:
         # The first picture also pays matplotlib's one-off set-up (fonts, ~0.5 s): throttling the
         # next one by it would freeze the panel for ~10 s at max_busy 0.1.
         spent = time.monotonic() - start if self.renders > 1 else 0.0
-        self._next_render = start + max(self.min_interval_s, spent / (self.max_busy or float("inf")))
+        throttle_s = spent / (self.max_busy or float("inf"))
+        self._next_render = start + max(self.min_interval_s, throttle_s)
         return True
 
     def caption(self) -> str:
@@ -185,7 +180,8 @@ class Dashboard:
         parts = [f"step {r.get('step', len(records))}", f"reward {get('reward', '{:.3f}')}",
                  f"ratio {get('ratio', '{:.4f}')}"]
         # The pipeline's numbers, those this run logs (a synchronous run has no queue).
-        shown = ((STALE_MEAN, lambda: f"staleness {get(STALE_MEAN, '{:.1f}')}/{get(STALE_MAX, '{:g}')}"),
+        shown = ((STALE_MEAN,
+                  lambda: f"staleness {get(STALE_MEAN, '{:.1f}')}/{get(STALE_MAX, '{:g}')}"),
                  (QUEUE, lambda: f"queue {get(QUEUE, '{:g}')}/{get(QUEUE_MAX, '{:g}')}"),
                  (WAIT, lambda: f"wait {get(WAIT)}s"),
                  (BACKPRESSURE, lambda: f"backpressure {get(BACKPRESSURE)}s"),

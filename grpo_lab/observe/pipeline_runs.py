@@ -1,20 +1,9 @@
 """Short asynchronous runs against live inference servers, one knob at a time (notebook 08).
 
-docs/recipe.md tuned its pipeline by reading it: find the stage that waits, change the one knob
-that feeds it, run again, read again. Each call of `run_with_knobs` is one such run:
-
-    AsyncGRPOTrainer ──HTTPGenerator (at most max_inflight requests)──> a replica, or the proxy
-                                                                         in front of several
-
-The knobs it turns:
-    max_inflight        the client's cap on completion requests in flight   (generation side)
-    request_shape       "group": a request per prompt, n = G; "single": G of n = 1 (TRL's),
-                        so max_inflight counts prompts or completions       (generation side)
-    server_url          one replica, or the proxy in front of N replicas     (generation side)
-    token_budget        forward tokens per micro-batch: the number of passes (trainer side)
-    weight_sync_steps   optimizer steps per weight sync                      (both: staleness)
-and `diagnose` (grpo_lab.observe.diagnose) says which side holds the run back. `summarize` turns
-a run into one row of numbers; `plot_runs` draws the runs side by side.
+Find the stage that waits, change the one knob that feeds it, run again, read again:
+`run_with_knobs` is one such run (max_inflight, request_shape, server_url, token_budget,
+weight_sync_steps), `summarize` turns it into one row of numbers and `plot_runs` draws runs side
+by side (docs/internals.md, "One knob at a time"; docs/recipe.md, "Reading the pipeline").
 """
 
 from __future__ import annotations

@@ -3,20 +3,9 @@
     run = routing_run(replica_urls, "tiny", prompts, routing="round-robin", group_size=8)
     run["prefix_cache_hit_rate"], run["prefill_tokens_computed"], run["completions_per_s"]
 
-Each run starts cold and sends the same traffic (notebook 06, benchmarks/routing_cache.py):
-1. a fresh `grpo-lab proxy --routing ROUTING` in front of the replicas (an empty block table),
-   and `POST /reset_prefix_cache` through it, which it broadcasts: every prefix cache is empty;
-2. the blog's request shape (TRL's rollout worker): each prompt sent as `group_size` requests of
-   n = 1, prompt after prompt, a new request only when fewer than `max_inflight` are in flight;
-3. the replicas' prefix-cache counters read before and after (`replica_cache_stats`, vLLM's
-   `vllm:prefix_cache_queries_total` and `_hits_total`, in prompt tokens), and the router's.
-
-What a run returns (a dict):
-- `prompt_tokens`: prompt tokens the replicas looked up (every prompt, once per request);
-- `cached_prompt_tokens`: those found in a prefix cache, not computed;
-- `prefill_tokens_computed` = prompt_tokens - cached_prompt_tokens;
-- `prefix_cache_hit_rate` = cached / prompt tokens; `seconds`, `completions_per_s`, `failed`;
-- `router`: the proxy's `routed`, `affinity`, `spilled`, `unmatched`, `cached_everywhere`.
+Each run starts cold (a fresh proxy, every prefix cache reset) and sends the blog's request
+shape; the replicas' own prefix-cache counters say what it saved (notebook 06,
+benchmarks/routing_cache.py; docs/internals.md, "Affinity against round-robin").
 """
 
 from __future__ import annotations
@@ -83,8 +72,10 @@ def cache_counters(replica_urls: list[str]) -> dict:
 
 def routing_run(replica_urls: list[str], model: str, prompts: list[list[int]], *,
                 routing: str, group_size: int = 8, max_tokens: int = 16, max_inflight: int = 32,
-                block_size: int = DEFAULT_BLOCK_SIZE, log_path: str | os.PathLike | None = None) -> dict:
-    """One cold run of the same traffic through a new proxy with `routing` (module docstring)."""
+                block_size: int = DEFAULT_BLOCK_SIZE,
+                log_path: str | os.PathLike | None = None) -> dict:
+    """One cold run of the same traffic through a new proxy with `routing` (docs/internals.md,
+    "Affinity against round-robin")."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS} (got {routing!r})")
     if not prompts:
