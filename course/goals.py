@@ -13,6 +13,11 @@ NOTEBOOK_GOALS = {
     "00_setup_and_tiny_model": {
         "0.15 <= baseline_accuracy <= 0.6": lambda r: 0.15 <= r["baseline_accuracy"] <= 0.6,
         "mixed_groups >= 4": lambda r: r["mixed_groups"] >= 4,
+        "a sample at temperature 1 is right less often than the greedy answer (same problems)":
+            lambda r: r["sampled_accuracy"] < r["greedy_on_problems"],
+        "each problem's own p predicts the no-signal groups better than one p = 0.3":
+            lambda r: abs(r["no_signal_per_problem"] - r["no_signal_observed"])
+            < abs(r["no_signal_at_greedy_p"] - r["no_signal_observed"]),
     },
     "01_grpo_from_scratch": {
         "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
