@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print("goals met:", results["goals_met"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if all(results["goals_met"].values()) and len(results["goals_met"]) == len(GOALS) else 1
+    met = results["goals_met"]
+    return 0 if all(met.values()) and len(met) == len(GOALS) else 1
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def measure(processes: int, steps: int) -> dict:
             "step_s_p50": median("perf/step_s"), "generate_s_p50": median("perf/generate_s"),
             "fwd_bwd_s_p50": median("perf/fwd_bwd_s"),
             "accuracy_before": accuracy[0], "accuracy_after": accuracy[-1],
-            "load_avg_before": round(load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2)}
+            "load_avg_before": round(load_before, 2),
+            "load_avg_after": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:

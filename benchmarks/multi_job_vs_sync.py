@@ -70,7 +70,8 @@ def sync_run(steps: int, threads: int, seed: int, eval_size: int = 256) -> dict:
     T = median(records, "perf/step_s") - G  # everything else: collate, fwd+bwd, weight sync
     wall = records[-1]["time_s"]
     return {"kind": f"sync, 1 process, {threads} thread{'s' * (threads > 1)}",
-            "threads": threads, "wall_s": wall, "samples_per_s": steps * PROMPTS * GENERATIONS / wall,
+            "threads": threads, "wall_s": wall,
+            "samples_per_s": steps * PROMPTS * GENERATIONS / wall,
             "G_s": G, "T_s": T, "step_s": median(records, "perf/step_s"),
             "pipeline_limit": (G + T) / max(G, T),
             "accuracy_before": history[0][1], "accuracy_after": history[-1][1],

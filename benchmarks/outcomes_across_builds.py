@@ -1,6 +1,6 @@
 """Do the course's asserted outcomes hold for every model the build can produce?
 
-    python benchmarks/outcomes_across_builds.py                       # every notebook + demo, 3 builds
+    python benchmarks/outcomes_across_builds.py        # every notebook + demo, 3 builds
     python benchmarks/outcomes_across_builds.py --notebooks 01,02 --no-demo --seeds 1
 
 The tiny model is built on each learner's machine, and its weights depend on the processor's

@@ -1,8 +1,10 @@
 """Benchmark the reason for the proxy: KV-affinity routing against round-robin, prefix caches on.
 
-    python benchmarks/routing_cache.py            # ~5 minutes on 2 cores: 2 workloads x 2 and 4 replicas
-    python benchmarks/routing_cache.py --workloads chat --replicas 2 --prompts 8 --rounds 1  # the test
-    python benchmarks/routing_cache.py --engine grpo-lab,vllm --replicas 2  # and real vLLM, side by side
+    python benchmarks/routing_cache.py       # ~5 minutes on 2 cores: 2 workloads x 2 and 4 replicas
+    python benchmarks/routing_cache.py --workloads chat --replicas 2 --prompts 8 --rounds 1
+                                             # the test's run
+    python benchmarks/routing_cache.py --engine grpo-lab,vllm --replicas 2
+                                             # and real vLLM, side by side
 
 What runs, each in its own process with one torch thread: R `grpo-lab serve` replicas (prefix
 caching on, as by default, 16-token blocks as vLLM's) and `grpo-lab proxy` in front of them,

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['num_replicas']:>8} {r['rollouts']:>8} {r['syncs']:>5} "
             f"{r['affinity_pct']:>8.2f}% {r['spill_pct']:>5.2f}% {r['unmatched_pct']:>8.2f}% "
-            f"{r['unmatched_floor_pct']:>5.1f}% {r['unmatched_reference_pct']:>8.2f}%  {r['routed']}"
+            f"{r['unmatched_floor_pct']:>5.1f}% {r['unmatched_reference_pct']:>8.2f}%  "
+            f"{r['routed']}"
         )
 
     goals_met = True

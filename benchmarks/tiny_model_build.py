@@ -54,8 +54,9 @@ def skill(path: Path, groups: int = 16, group_size: int = 8) -> dict:
     accuracy = greedy_accuracy(model, tokenizer, task.eval_set(), max_new_tokens=4)
     problems = task.sample_batch(random.Random(7), groups)
     torch.manual_seed(7)
-    out = generate_completions(model, tokenizer, [p.prompt for p in problems for _ in range(group_size)],
-                               max_new_tokens=5, do_sample=True, temperature=1.0)
+    prompts = [p.prompt for p in problems for _ in range(group_size)]
+    out = generate_completions(model, tokenizer, prompts, max_new_tokens=5, do_sample=True,
+                               temperature=1.0)
     rewards = exact_match_reward(out.texts, answer=[p.answer for p in problems
                                                      for _ in range(group_size)])
     mixed = sum(0 < sum(rewards[i * group_size:(i + 1) * group_size]) < group_size

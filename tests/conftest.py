@@ -1,7 +1,8 @@
 """Shared test set-up: an offline hub and one cache of built tiny models for the whole run.
 
 The tiny model (and the chat model, when a test uses it) is built once, before the first test
-runs (`pytest_collection_finish`), in a process of its own that may use every core while nothing else runs, with its own time bound.
+runs (`pytest_collection_finish`), in a process of its own that may use every core while nothing
+else runs, with its own time bound.
 No test's timeout covers the build, and a failed build stops the run with one message.
 """
 

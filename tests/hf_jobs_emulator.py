@@ -135,12 +135,13 @@ class HfJobsEmulator:
             folder = self.bucket_dir(volume.source) / (volume.path or "")
             if Path(volume.mount_path) != folder:
                 raise ValueError(f"one host has no mount namespace: mount {volume.source} at its "
-                                 f"folder {folder} (RecipeConfig.mount_path), not {volume.mount_path}")
+                                 f"folder {folder} (RecipeConfig.mount_path), "
+                                 f"not {volume.mount_path}")
             folder.mkdir(parents=True, exist_ok=True)
             mounts.append(f"{folder}={'ro' if volume.read_only else 'rw'}")
         argv = [self._substitute(arg) for arg in command]
-        python_path = os.pathsep.join(p for p in (str(self.site_dir), self.host_env.get("PYTHONPATH"))
-                                      if p)
+        paths = (str(self.site_dir), self.host_env.get("PYTHONPATH"))
+        python_path = os.pathsep.join(p for p in paths if p)
         job_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                    "HOME": str(job_dir / "home"), **self.host_env, "PYTHONPATH": python_path,
                    MOUNTS_ENV: os.pathsep.join(mounts), **(env or {}), **(secrets or {})}

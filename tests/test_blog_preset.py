@@ -62,7 +62,8 @@ def test_preset_blog_matches_the_table_in_docs_recipe():
     rows = recipe_table()
     launch = {"--" + f.replace("_", "-"): v for f, v in asdict(config).items()}
     for row in rows:
-        actual = {"launch": launch, "trainer": trainer, "replicas": replica}[row["job"]][row["flag"]]
+        flags = {"launch": launch, "trainer": trainer, "replicas": replica}[row["job"]]
+        actual = flags[row["flag"]]
         assert same_value(row["value"], actual), (row, actual)
     flags = {(row["job"], row["flag"]) for row in rows}
     assert {("launch", "--" + f.replace("_", "-")) for f in PRESETS["blog"]} <= flags

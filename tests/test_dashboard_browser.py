@@ -86,7 +86,8 @@ def start_jupyter_lab(root: Path, home: Path, port: int, token: str, log) -> sub
                f"--LabApp.workspaces_dir={home / 'workspaces'}",
                "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run all cells
                # Offline: no news, no update check, no extension manager asking PyPI.
-               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               "--LabApp.news_url=",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                "--LabApp.extension_manager=readonly"]
     if os.geteuid() == 0:  # CI's container runs as root
         command.append("--allow-root")
@@ -209,4 +210,5 @@ def test_live_dashboard_in_jupyterlab_and_headless_chromium(tmp_path, tiny_model
     width, height = seen["size"]
     assert width > 0 and height / width < 0.3, f"picture {width}x{height} px; {where}"
     outputs = seen["outputs"]
-    assert "FutureWarning" not in outputs and "acc=nan" not in outputs, f"{outputs[-2000:]}; {where}"
+    assert "FutureWarning" not in outputs, f"{outputs[-2000:]}; {where}"
+    assert "acc=nan" not in outputs, f"{outputs[-2000:]}; {where}"

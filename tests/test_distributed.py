@@ -38,7 +38,8 @@ def run(command: list[str], timeout: int) -> subprocess.CompletedProcess:
     # importing vLLM (through TRL) prepends opencv's bundled libraries to LD_LIBRARY_PATH: a
     # launched torch must load its own
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and "site-packages" not in p)
+        p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+        if p and "site-packages" not in p)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     return result

@@ -207,5 +207,6 @@ def test_a_failed_cancel_does_not_stop_the_others(home, monkeypatch, capsys):
     assert launch(hub, monkeypatch, "--cancel", "r1") == 1
     assert hub.cancelled == hub.ids_of("r1", "replica-1", "trainer")
     err = capsys.readouterr().err
-    assert f"could not cancel replica-0 ({hub.ids_of('r1', 'replica-0')[0]}): RuntimeError: 503" in err
+    replica_0 = hub.ids_of("r1", "replica-0")[0]
+    assert f"could not cancel replica-0 ({replica_0}): RuntimeError: 503" in err
     assert "not cancelled: replica-0" in err

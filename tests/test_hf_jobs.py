@@ -1,4 +1,5 @@
-"""The HF Jobs launcher, through a stand-in for `run_job` and the bucket uploads (no network, no token)."""
+"""The HF Jobs launcher, through a stand-in for `run_job` and the bucket uploads (no network, no
+token)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ from grpo_lab.serving.config import ServeConfig
 
 def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
     fake = FakeJobs()
-    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, cancel_job=fake.cancel_job,
-                              environ={"HF_TOKEN": TOKEN})
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload,
+                              cancel_job=fake.cancel_job, environ={"HF_TOKEN": TOKEN})
     launcher.submit()
     replica_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
                    "PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"}
@@ -60,7 +61,8 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
             "timeout": "4h",
             "name": f"blog-replica-{i}",
             "labels": {"grpo-lab-run": "blog"},
-            "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=True)],
+            "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora",
+                               read_only=True)],
             "expose": [8000],
         }
     trainer = fake.calls[2]
@@ -69,16 +71,19 @@ def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
         "image": "vllm/vllm-openai:v0.27.1", "env": {"PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"},
         "secrets": {"HF_TOKEN": TOKEN}, "flavor": "h200", "timeout": "4h", "name": "blog-trainer",
         "labels": {"grpo-lab-run": "blog"},
-        "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora", read_only=False)],
+        "volumes": [Volume(type="bucket", source="me/grpo-lora", mount_path="/lora",
+                           read_only=False)],
         "expose": None,
     }
     assert script[:2] == ["bash", "-c"]
     proxy_line = next(line for line in script[2].splitlines() if line.startswith("grpo-lab proxy"))
     assert proxy_line == ("grpo-lab proxy --host 127.0.0.1 --port 8000 "
                           f"--upstream https://{1:024x}--8000.hf.jobs "
-                          f"--upstream https://{2:024x}--8000.hf.jobs --upstream-token-env HF_TOKEN &")
-    assert "exec grpo-lab train-async --model Qwen/Qwen2.5-Math-1.5B --server-url " \
-           "http://127.0.0.1:8000 --output-dir /lora/blog --lora-rank 1 --max-staleness 4" in script[2]
+                          f"--upstream https://{2:024x}--8000.hf.jobs "
+                          "--upstream-token-env HF_TOKEN &")
+    assert ("exec grpo-lab train-async --model Qwen/Qwen2.5-Math-1.5B --server-url "
+            "http://127.0.0.1:8000 --output-dir /lora/blog --lora-rank 1 --max-staleness 4"
+            in script[2])
     assert launcher.urls == {"replica-0": f"https://{1:024x}--8000.hf.jobs",
                              "replica-1": f"https://{2:024x}--8000.hf.jobs"}
     assert TOKEN not in blog_plan().describe() + hf_jobs_commands(blog_plan())
@@ -99,7 +104,8 @@ def test_hf_jobs_vllm_replicas_get_the_reference_settings():
     flags = flag_values(own["replica-1"].command)
     assert (flags["--max-model-len"], flags["--gpu-memory-utilization"]) == ("1536", "0.4")
     assert (flags["--max-loras"], flags["--max-cpu-loras"]) == ("3", "5")
-    with pytest.raises(ValueError, match=r"max_cpu_loras \(5\) must be >= max_staleness \+ 2 \(6\)"):
+    too_few = r"max_cpu_loras \(5\) must be >= max_staleness \+ 2 \(6\)"
+    with pytest.raises(ValueError, match=too_few):
         recipe_plan(backend="hf-jobs", bucket=BUCKET, max_cpu_loras=5)
 
 
@@ -146,8 +152,8 @@ def test_hf_jobs_commands_pass_bash_n_and_call_python3(replica_flavor):
 
 def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():
     fake = FakeJobs(fail_at=3)
-    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, cancel_job=fake.cancel_job,
-                              environ={"HF_TOKEN": TOKEN})
+    launcher = HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload,
+                              cancel_job=fake.cancel_job, environ={"HF_TOKEN": TOKEN})
     with pytest.raises(LaunchError, match="402"):
         launcher.submit()
     assert fake.cancelled == [f"{2:024x}", f"{1:024x}"]
@@ -214,7 +220,8 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
     assert built[-3:] == ["--wheel-dir", "dist", str(package_source())]
     assert recorded.pop(0) == ["buckets", "cp", f"dist/{wheel}", f"{BUCKET}/blog/wheels/{wheel}"]
     fake = FakeJobs()
-    HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload, environ={"HF_TOKEN": TOKEN}).submit()
+    HfJobsLauncher(blog_plan(), run_job=fake.run_job, upload=fake.upload,
+                   environ={"HF_TOKEN": TOKEN}).submit()
     assert len(recorded) == len(fake.calls) == 3
     for argv, call in zip(recorded, fake.calls):
         split = argv.index("--")
@@ -230,7 +237,8 @@ def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
             [v.to_uri().removesuffix(":rw") for v in call["volumes"]]
         assert [options[i + 1] for i, o in enumerate(options) if o == "-e"] == \
             [f"{k}={v}" for k, v in call["env"].items()]
-        assert [options[i + 1] for i, o in enumerate(options) if o == "--secrets"] == list(call["secrets"])
+        assert [options[i + 1] for i, o in enumerate(options) if o == "--secrets"] == \
+            list(call["secrets"])
 
     # and the real `hf` CLI parses such a line as intended (its --dry-run: offline, no token)
     hf = Path(PY).parent / "hf"
@@ -253,17 +261,20 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     assert fake.uploads == [([(PACKAGE_WHEEL, f"{BUCKET}/blog/wheels/{wheel}")], TOKEN, 0)]
     script = fake.calls[2]["command"][2]
     # the mount may lag the upload: wait for the file (bounded), then install it, retried
-    assert script.startswith("set -e\n" + wheel_install(f"/lora/blog/wheels/{wheel}", image_has_torch=True))
+    install = wheel_install(f"/lora/blog/wheels/{wheel}", image_has_torch=True)
+    assert script.startswith("set -e\n" + install)
     assert (f"\nfor _ in $(seq 120); do test -f /lora/blog/wheels/{wheel} && break; sleep 5; done"
             f"\nfor attempt in $(seq 5); do\n  pip install --quiet --retries 5 "
             f"/lora/blog/wheels/{wheel} && break\n") in script  # the wheel alone: no extras
     # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount,
     # with torch's CPU build (the CPU image has no torch)
-    cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu", replica_flavor="cpu-upgrade")
-    assert cpu["replica-0"].command[2] == (
-        "set -e\n" + wheel_install(f"/lora/cpu/wheels/{wheel}", image_has_torch=False) + "\nexec grpo-lab serve"
-        + cpu["replica-0"].command[2].split("exec grpo-lab serve", 1)[1])
-    assert f"--extra-index-url {CPU_TORCH_INDEX} /lora/cpu/wheels/{wheel}" in cpu["replica-0"].command[2]
+    cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu",
+                      replica_flavor="cpu-upgrade")
+    replica = cpu["replica-0"].command[2]
+    install = wheel_install(f"/lora/cpu/wheels/{wheel}", image_has_torch=False)
+    assert replica == ("set -e\n" + install + "\nexec grpo-lab serve"
+                       + replica.split("exec grpo-lab serve", 1)[1])
+    assert f"--extra-index-url {CPU_TORCH_INDEX} /lora/cpu/wheels/{wheel}" in replica
     # an install command of your own: nothing to upload
     own = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="own",
                       install="pip install git+https://github.com/me/grpo_lab")
@@ -303,7 +314,8 @@ def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
     whole files); locally nothing changes."""
     def trainer_flags(plan):
         command = plan["trainer"].command
-        argv = shlex.split(command[2].splitlines()[-1]) if command[:2] == ["bash", "-c"] else command
+        in_bash = command[:2] == ["bash", "-c"]
+        argv = shlex.split(command[2].splitlines()[-1]) if in_bash else command
         return flag_values(argv)
 
     gpu = trainer_flags(blog_plan())

@@ -1,5 +1,6 @@
 """Every course notebook, executed with papermill at its CPU defaults with its exercises' solutions
-filled in; then its recorded values. Static checks of the exercises and links run without a kernel."""
+filled in; then its recorded values. Static checks of the exercises and links run without a
+kernel."""
 
 import nbformat
 import pytest

@@ -1,4 +1,5 @@
-"""Token-budget micro-batching: same loss, same gradient, same samples, every micro-batch in budget."""
+"""Token-budget micro-batching: same loss, same gradient, same samples, every micro-batch in
+budget."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ def _records(steps: int, *, wait: float, held: float, queue: int, fwd_bwd: float
              "perf/rollout_wait_s": wait, "rollout/backpressure_total_s": 0.0,
              "rollout/version_wait_s": held, "sample/rollout_queue_size": queue,
              "sample/rollout_queue_maxsize": 16, "sample/staleness_mean": stale,
-             "sample/staleness_max": 1, "perf/weight_sync_s": sync, "batch/microbatches_per_step": 3}
+             "sample/staleness_max": 1, "perf/weight_sync_s": sync,
+             "batch/microbatches_per_step": 3}
             for s in range(1, steps + 1)]
 
 

@@ -56,7 +56,8 @@ def test_missing_token_variable_is_a_clear_error(monkeypatch):
 
     monkeypatch.delenv("GRPO_LAB_TEST_NO_SUCH_TOKEN", raising=False)
     with pytest.raises(ValueError, match="GRPO_LAB_TEST_NO_SUCH_TOKEN"):
-        Proxy(ProxyConfig(upstreams=["http://a:1"], upstream_token_env="GRPO_LAB_TEST_NO_SUCH_TOKEN"))
+        Proxy(ProxyConfig(upstreams=["http://a:1"],
+                          upstream_token_env="GRPO_LAB_TEST_NO_SUCH_TOKEN"))
 
 
 def test_pseudo_tokens_cut_utf8_into_4_byte_chunks():

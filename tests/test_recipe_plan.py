@@ -26,7 +26,8 @@ from grpo_lab.observe.live_stats import proxy_stats, router_counters
 def test_local_recipe_plan(tmp_path):
     plan = recipe_plan(bucket=str(tmp_path / "bucket"), run_name="r1")
     assert plan.names == ["replica-0", "replica-1", "proxy", "trainer"]
-    assert [[j.name for j in w] for w in plan.waves()] == [["replica-0", "replica-1"], ["proxy"], ["trainer"]]
+    assert [[j.name for j in w] for w in plan.waves()] == [["replica-0", "replica-1"], ["proxy"],
+                                                          ["trainer"]]
     mount = str(tmp_path / "bucket")
     for name in ("replica-0", "replica-1"):
         job = plan[name]
@@ -38,7 +39,8 @@ def test_local_recipe_plan(tmp_path):
         assert job.health_url == f"http://127.0.0.1:{job.ports[0]}/health"
     upstreams = [f"http://127.0.0.1:{plan[n].ports[0]}" for n in ("replica-0", "replica-1")]
     proxy = plan["proxy"].command
-    assert proxy[3:4] == ["proxy"] and [proxy[i + 1] for i, a in enumerate(proxy) if a == "--upstream"] == upstreams
+    assert proxy[3:4] == ["proxy"]
+    assert [proxy[i + 1] for i, a in enumerate(proxy) if a == "--upstream"] == upstreams
     trainer = plan["trainer"]
     assert trainer.volumes == [BucketMount(mount, mount, read_only=False)]
     assert trainer.command[3] == "train-async" and f"{mount}/r1" in trainer.command
@@ -70,7 +72,8 @@ def test_plan_validation():
     for cls in (RecipeConfig, JobSpec, BucketMount):  # one copy of the help text, for every flag
         assert set(field_docs(cls)) == set(cls.__dataclass_fields__), cls
     with pytest.raises(ValueError, match="not earlier in the plan"):
-        RunPlan([JobSpec(name="t", command=["x"], depends_on=["r"]), JobSpec(name="r", command=["x"])])
+        RunPlan([JobSpec(name="t", command=["x"], depends_on=["r"]),
+                 JobSpec(name="r", command=["x"])])
     with pytest.raises(ValueError, match="HF Jobs need a Storage Bucket"):
         recipe_plan(backend="hf-jobs")
     with pytest.raises(ValueError, match="absolute"):

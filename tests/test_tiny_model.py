@@ -30,7 +30,8 @@ def test_tokenizer_specials_padding_and_chat_template():
     assert len(tok) == 4 + len(ALPHABET)
     batch = tok(["1+1=", "10+10="], padding=True)
     assert batch["input_ids"][0][:2] == [tok.pad_token_id] * 2  # left padding
-    assert tok.apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False) == "<bos>1+1="
+    chat = [{"role": "user", "content": "1+1="}]
+    assert tok.apply_chat_template(chat, tokenize=False) == "<bos>1+1="
 
 
 def test_tiny_model_loads_offline_with_auto_classes(tiny_model_dir):

@@ -39,9 +39,11 @@ def assert_bucket_clean(bucket: Path) -> None:
     """No hidden temp dir anywhere; every published adapter and checkpoint is complete."""
     assert not [p for p in bucket.rglob(".*tmp-*")], list(bucket.rglob(".*tmp-*"))
     for adapter in bucket.glob("policy-v*"):
-        assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+        files = {p.name for p in adapter.iterdir()}
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= files
     for ckpt in (bucket / "checkpoints").glob("step-*"):
-        assert {"adapter", "optimizer.pt", "state.json", "rng.pt"} <= {p.name for p in ckpt.iterdir()}
+        files = {p.name for p in ckpt.iterdir()}
+        assert {"adapter", "optimizer.pt", "state.json", "rng.pt"} <= files
 
 
 def test_train_async_writes_metrics_syncs_adapters_and_accuracy(server, tmp_path):

@@ -1,4 +1,4 @@
-"""`grpo-lab train-trl-async`: TRL's AsyncGRPOTrainer as the trainer job (grpo_lab.rollout.trl_async).
+"""`grpo-lab train-trl-async`: TRL's AsyncGRPOTrainer as the trainer job (rollout/trl_async).
 
 Fast: the CPU tree attention (grpo_lab.rollout.trl_cpu) against plain causal attention on rows
 packed by TRL's own `TreeRow`; the rewards and settings handed to TRL.
