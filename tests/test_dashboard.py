@@ -24,14 +24,17 @@ def run_records(regime: str, steps: int = 30) -> list[dict]:
              "sample/rollout_queue_maxsize": 8, "rollout/generated_tok_s_busy": 900.0}
         if regime == "trainer":  # full queue, no wait, the worker blocked on a full buffer
             r.update({"sample/rollout_queue_size": 8, "perf/rollout_wait_s": 0.0,
-                      "rollout/backpressure_total_s": 1.5, "perf/fwd_bwd_s": 1.9, "perf/step_s": 2.0})
+                      "rollout/backpressure_total_s": 1.5,
+                      "perf/fwd_bwd_s": 1.9, "perf/step_s": 2.0})
         elif regime == "generation":  # empty queue, growing wait, no backpressure
             wait = 0.5 + 0.05 * step
             r.update({"sample/rollout_queue_size": 0, "perf/rollout_wait_s": wait,
-                      "rollout/backpressure_total_s": 0.0, "perf/fwd_bwd_s": 0.5, "perf/step_s": 0.6 + wait})
+                      "rollout/backpressure_total_s": 0.0,
+                      "perf/fwd_bwd_s": 0.5, "perf/step_s": 0.6 + wait})
         else:  # balanced: half full, neither side waits long
             r.update({"sample/rollout_queue_size": 4, "perf/rollout_wait_s": 0.02,
-                      "rollout/backpressure_total_s": 0.03, "perf/fwd_bwd_s": 0.9, "perf/step_s": 1.0})
+                      "rollout/backpressure_total_s": 0.03,
+                      "perf/fwd_bwd_s": 0.9, "perf/step_s": 1.0})
         records.append(r)
     return records
 
@@ -56,7 +59,8 @@ def test_admission_waits_count_as_backpressure():
     """A trainer-bound run whose worker waits for newer policies instead of a full buffer."""
     records = run_records("trainer")
     for r in records:
-        r["rollout/version_wait_s"], r["rollout/backpressure_total_s"] = r["rollout/backpressure_total_s"], 0.0
+        r["rollout/version_wait_s"] = r["rollout/backpressure_total_s"]
+        r["rollout/backpressure_total_s"] = 0.0
     assert diagnose(records).bottleneck == "trainer"
 
 
@@ -86,7 +90,8 @@ def test_update_headless_prints_a_throttled_status_line():
 
     dash = Dashboard(notebook=False, stream=out, stats=broken)
     dash.update(run_records("balanced")[0])
-    assert out.getvalue().splitlines()[-1].endswith("router stats unavailable (ConnectionRefusedError)")
+    last = out.getvalue().splitlines()[-1]
+    assert last.endswith("router stats unavailable (ConnectionRefusedError)")
 
 
 def test_notebook_panel_renders_a_png():
@@ -94,8 +99,9 @@ def test_notebook_panel_renders_a_png():
                      stats=lambda: {"router": {"affinity": 5, "spilled": 1, "unmatched": 2}})
     for record in run_records("generation", steps=2):
         dash.update(record)  # unthrottled: each update redraws
-    assert dash.renders == 2 and bytes(dash._image.value).startswith(b"\x89PNG")
-    assert "generation too slow" in dash._text.value
+    text, image = dash.widget.children
+    assert dash.renders == 2 and bytes(image.value).startswith(b"\x89PNG")
+    assert "generation too slow" in text.value
     titles = [ax.get_title() for ax in dash.figure(router={"affinity": 1}).axes]
     assert titles[:3] == ["reward", "ratio (pi_theta / pi_old)", "router"]
 
@@ -169,7 +175,8 @@ def test_plot_pipeline_reads_a_run_folder(tmp_path):
             "step time (s)", "rollout wait vs backpressure (s)", "rollout queue size vs max",
             "staleness (versions)", "weight sync (s)", "generated tokens / s"]
         labels = {ax.get_title(): [line.get_label() for line in ax.lines] for ax in fig.axes}
-        assert labels["rollout queue size vs max"] == ["rollout_queue_size", "rollout_queue_maxsize"]
+        assert labels["rollout queue size vs max"] == ["rollout_queue_size",
+                                                       "rollout_queue_maxsize"]
         assert labels["staleness (versions)"] == ["staleness_mean", "staleness_max"]
         assert fig._suptitle.get_text().startswith("generation too slow")
     finally:
@@ -217,7 +224,8 @@ def test_a_synchronous_run_shows_only_the_plots_that_have_data():
     assert all(ax.lines for ax in fig.axes)  # no empty axes
     assert fig.get_figheight() < 4  # one row
     # The status line leaves out the pipeline numbers a synchronous run does not log.
-    assert dash._text.value.startswith(
+    text, _ = dash.widget.children
+    assert text.value.startswith(
         "<code>step 12 | reward 0.440 | ratio 1.0000 | step time 0.09s</code><br><small")
     # With the proxy's stats: the router joins the first row; unavailable stats say so.
     assert [ax.get_title() for ax in dash.figure(router="router stats unavailable")

@@ -128,15 +128,10 @@ def test_max_loras_limits_adapters_per_batch(tiny_model_and_tokenizer, model_cop
         registry.add(read_adapter(f"a{i}", str(make_adapter(tmp_path / f"a{i}", seed=i)),
                                   module_shapes=registry.module_shapes, max_lora_rank=8,
                                   dtype=torch.float32))
-    seen_segments = []
+    seen_segments = []  # the adapters of each forward: the segments the engine set for it
+    model_copy.register_forward_pre_hook(
+        lambda module, args: seen_segments.append({a.name for a, _, _ in registry.segments}))
     engine = make_engine(model_copy, tokenizer, lora=registry)
-    forward = engine._forward
-
-    def recording_forward(rows, *args):
-        seen_segments.append({s.adapter_key for s in rows if s.adapter is not None})
-        return forward(rows, *args)
-
-    engine._forward = recording_forward
     engine.start()
     try:
         seqs = [s for name in ("a0", "a1") for s in
@@ -150,16 +145,10 @@ def test_max_loras_limits_adapters_per_batch(tiny_model_and_tokenizer, model_cop
 
 @pytest.fixture
 def slow_engine(tiny_model_and_tokenizer, model_copy):
-    """An engine whose decode steps take >= 20 ms, so that a request is surely in flight."""
+    """An engine whose forwards take >= 20 ms, so that a request is surely in flight."""
     _, tokenizer = tiny_model_and_tokenizer
+    model_copy.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
     engine = make_engine(model_copy, tokenizer)
-    step = engine._decode_step
-
-    def slow_step():
-        time.sleep(0.02)
-        step()
-
-    engine._decode_step = slow_step
     yield engine.start(), tokenizer
     engine.stop()
 

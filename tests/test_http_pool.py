@@ -109,7 +109,7 @@ def test_broken_answers_raise_and_drop_the_connection(bad, error):
         try:
             with pytest.raises(error):
                 await pool.post(url + "/x", b"{}", 5)
-            assert not pool._open  # nothing left open
+            assert pool.open_connections == 0  # nothing left open
         finally:
             pool.close()
             server.close()
@@ -123,8 +123,13 @@ def test_timeout_cancel_and_refused_connection():
         async def never(request, writer):
             await asyncio.sleep(3600)
 
+        async def ok(request, writer):
+            writer.write(reply("200 OK", ["Content-Length: 2"], b"{}"))
+            await writer.drain()
+
         server, url, conns, _ = await scripted_server(never)
-        pool = ConnectionPool(connect_timeout_s=1)
+        answering, ok_url, _, _ = await scripted_server(ok)
+        pool = ConnectionPool(limit=1, connect_timeout_s=1)  # one slot: a leaked one blocks all
         try:
             with pytest.raises(ResponseTimeout):
                 await pool.post(url + "/x", b"{}", 0.2)
@@ -133,10 +138,14 @@ def test_timeout_cancel_and_refused_connection():
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert not pool._open and pool._slots._value == 1024  # slots given back
+            assert pool.open_connections == 0
+            # the slot was given back both times: the next request gets it at once
+            status, _, _ = await asyncio.wait_for(pool.post(ok_url + "/x", b"{}", 5), 5)
+            assert status == 200
         finally:
             pool.close()
             server.close()
+            answering.close()
         with socket_port() as port:
             with pytest.raises(ConnectFailed):
                 await pool.post(f"http://127.0.0.1:{port}/x", b"{}", 5)

@@ -1,4 +1,5 @@
-"""The local launcher: real processes (small stand-in servers), process groups, health waits, no orphans."""
+"""The local launcher: real processes (small stand-in servers), process groups, health waits, no
+orphans."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import textwrap
 import pytest
 from launcher_helpers import DUMMY, PY, assert_no_orphans, server_job, wait_dead
 
-from grpo_lab.jobs.local import LaunchError, LocalLauncher, _main
+from grpo_lab.jobs.local import LaunchError, LocalLauncher, main
 from grpo_lab.jobs.specs import (
     BucketMount,
     JobSpec,
@@ -85,20 +86,24 @@ def test_a_job_that_crashes_fails_with_its_exit_code_and_log(tmp_path):
 def test_no_orphans_when_the_body_raises(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     with pytest.raises(RuntimeError, match="the notebook cell failed"):
-        with LocalLauncher(RunPlan([server_job("a", pidfile=pidfile)]), tmp_path, grace_s=1.0) as run:
+        plan = RunPlan([server_job("a", pidfile=pidfile)])
+        with LocalLauncher(plan, tmp_path, grace_s=1.0) as run:
             raise RuntimeError("the notebook cell failed")
     assert_no_orphans(run, [int(pidfile.read_text())])
 
 
 def test_wait_returns_the_exit_code_and_notices_a_dying_dependency(tmp_path):
-    done = JobSpec(name="done", command=[PY, "-c", "import time; time.sleep(0.3)"], depends_on=["a"])
+    done = JobSpec(name="done", command=[PY, "-c", "import time; time.sleep(0.3)"],
+                   depends_on=["a"])
     with LocalLauncher(RunPlan([server_job("a"), done]), tmp_path / "1", grace_s=1.0) as run:
         assert run.wait("done", timeout_s=20) == 0
         assert run.status()["done"] == "exited (0)"
     sleeper = JobSpec(name="trainer", command=[PY, "-c", "import time; time.sleep(60)"])
-    with LocalLauncher(RunPlan([server_job("replica"), sleeper]), tmp_path / "2", grace_s=1.0) as run:
+    plan = RunPlan([server_job("replica"), sleeper])
+    with LocalLauncher(plan, tmp_path / "2", grace_s=1.0) as run:
         os.killpg(run.procs["replica"].pid, signal.SIGKILL)
-        with pytest.raises(LaunchError, match="'replica' exited with code -9 while waiting for 'trainer'"):
+        died = "'replica' exited with code -9 while waiting for 'trainer'"
+        with pytest.raises(LaunchError, match=died):
             run.wait("trainer", timeout_s=20)
     assert_no_orphans(run)
 
@@ -132,7 +137,8 @@ LAUNCHER_SCRIPT = textwrap.dedent("""
     import sys, threading, time
     from grpo_lab.jobs.specs import JobSpec, RunPlan
     from grpo_lab.jobs.local import LocalLauncher
-    job = JobSpec(name="a", command=[sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4], "0"],
+    job = JobSpec(name="a",
+                  command=[sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4], "0"],
                   health_url=f"http://127.0.0.1:{sys.argv[3]}/health", health_timeout_s=20)
     keep = []
     def start():
@@ -154,9 +160,9 @@ def test_no_orphans_when_the_launching_process_goes_away(tmp_path, how, kill_on_
     runs nothing, so the job's own PR_SET_PDEATHSIG ends it."""
     pidfile = tmp_path / "grandchild.pid"
     grandchild_file = pidfile if how == "exits" else "-"
-    proc = subprocess.Popen([PY, "-c", LAUNCHER_SCRIPT, how, DUMMY, str(free_port()), str(grandchild_file),
-                             str(tmp_path / "run")], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([PY, "-c", LAUNCHER_SCRIPT, how, DUMMY, str(free_port()),
+                             str(grandchild_file), str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     kill_on_failure.append(proc.pid)
     try:
         job_pid = int(proc.stdout.readline())
@@ -175,4 +181,5 @@ def test_no_orphans_when_the_launching_process_goes_away(tmp_path, how, kill_on_
 
 
 def test_wait_healthy_cli_fails_fast_without_a_server():
-    assert _main(["wait-healthy", f"http://127.0.0.1:{free_port()}/health", "--timeout-s", "0.3"]) == 1
+    url = f"http://127.0.0.1:{free_port()}/health"
+    assert main(["wait-healthy", url, "--timeout-s", "0.3"]) == 1

@@ -160,7 +160,7 @@ def test_one_refused_connection_is_not_a_death():
             _, _, h = await f.post("/v1/completions", {"prompt": P1})
             target = next(s for s in f.stubs if s.url == h["X-Proxy-Upstream"])
             other = next(s for s in f.stubs if s is not target)
-            pool = f.proxy.replicas._pool
+            pool = f.proxy.replicas.pool
             real_post, refuse = pool.post, [0]
 
             async def flaky_post(url, data, timeout_s):

@@ -138,7 +138,8 @@ def test_health_models_and_server_info(client):
 def test_api_key_is_required_everywhere_but_health(server, engine):
     guarded = [("GET", "/v1/models"), ("POST", "/v1/completions")]
     # vLLM's --api-key guards the /v1 routes only: /pause, /resume, /server_info, /metrics and the
-    # adapter-free dev routes stay open (docs/serving-api.md); grpo-lab serve guards all but /health.
+    # adapter-free dev routes stay open (docs/serving-api.md); grpo-lab serve guards all but
+    # /health.
     guarded += differs(engine, [("POST", "/pause"), ("GET", "/server_info")], [])
     for key in (None, "wrong"):
         with BlockingClient(server.url, api_key=key) as other:
@@ -340,7 +341,8 @@ BAD_REQUESTS = [  # (body, status, grpo-lab's type, its message, its param, vLLM
 
 def test_bad_completion_requests_get_clear_errors_and_the_server_stays_up(client, engine):
     """Same status everywhere. vLLM words its own messages, and its request-schema errors (a
-    string for an integer) have type "Bad Request" and param "body.<field>" (docs/serving-api.md)."""
+    string for an integer) have type "Bad Request" and param "body.<field>"
+    (docs/serving-api.md)."""
     for body, status, err_type, message, param, vllm_message in BAD_REQUESTS:
         exc = error(client.request, "POST", "/v1/completions", json_body=body)
         assert exc.status == status and body_of(exc)["error"]["code"] == status, body
@@ -671,19 +673,25 @@ def test_sizes_are_checked_before_tokenizing_and_tokenizing_is_off_the_loop(
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer):
+def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer, model_copy):
     """The serving loop returns 1 (`serve` exits with it) once the engine thread died; the
     in-process test above (`engine.error` set by hand) checks the answers meanwhile."""
-    from grpo_lab.serving.serve_loop import _serve_forever
+    from grpo_lab.serving.requests import RequestGroup, Sequence, make_generator
+    from grpo_lab.serving.sampling import SamplingParams
+    from grpo_lab.serving.serve_loop import serve_forever
 
-    model, tokenizer = tiny_model_and_tokenizer
-    server = InferenceServer(ServeConfig(port=0), model=model, tokenizer=tokenizer)
+    _, tokenizer = tiny_model_and_tokenizer
 
-    def crash(*args):
+    def crash(module, args):
         raise RuntimeError("simulated: CUDA error: an illegal memory access")
 
-    server.engine._wait_for_work = crash  # the engine thread dies as it starts
-    assert asyncio.run(asyncio.wait_for(_serve_forever(server), 30)) == 1
+    model_copy.register_forward_pre_hook(crash)
+    server = InferenceServer(ServeConfig(port=0), model=model_copy, tokenizer=tokenizer)
+    prompt = tokenizer("1+1=")["input_ids"]
+    # queued before the engine starts: the engine thread dies at its first forward
+    server.engine.submit(RequestGroup([Sequence(prompt, SamplingParams(max_tokens=2), None,
+                                                make_generator(0))]))
+    assert asyncio.run(asyncio.wait_for(serve_forever(server), 30)) == 1
     assert not server.engine.alive and "illegal memory access" in repr(server.engine.error)
 
 

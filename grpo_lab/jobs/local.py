@@ -210,7 +210,7 @@ def local_commands(plan: RunPlan, run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python3 -m grpo_lab.jobs.local wait-healthy URL`: used inside the HF trainer job."""
     parser = argparse.ArgumentParser(prog="python3 -m grpo_lab.jobs.local")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -230,4 +230,4 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    sys.exit(main())

@@ -168,6 +168,12 @@ class ConnectionPool:
         self._open: set[_Connection] = set()
         self._targets: dict[str, tuple[tuple[str, int, bool], bytes]] = {}  # url -> _target()
 
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, idle or carrying a request: none after `close`, and none left
+        behind by a request that failed, timed out or was cancelled."""
+        return len(self._open)
+
     def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes]:
         """`url` -> (its pool key, the request's head up to the Content-Length value), cached:
         a proxy posts to a few URLs only."""

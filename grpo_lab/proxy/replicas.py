@@ -34,7 +34,7 @@ class ReplicaSet:
         self.down_reasons: dict[str, str] = {}  # replica -> why it is out of routing
         self.counters = {"marked_down": 0, "resynced_adapters": 0}
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._pool: ConnectionPool | None = None  # completions
+        self.pool: ConnectionPool | None = None  # completions travel over it (after `open`)
         self._session: aiohttp.ClientSession | None = None  # streamed completions
         self._control: aiohttp.ClientSession | None = None  # probes and broadcasts
         # tasks waiting on each replica, and those cancelled because their replica went down
@@ -52,7 +52,7 @@ class ReplicaSet:
     async def open(self) -> None:
         cfg = self.config
         # completions: the lean pool; streamed completions: aiohttp
-        self._pool = ConnectionPool(cfg.conn_limit, self._auth, cfg.connect_timeout_s)
+        self.pool = ConnectionPool(cfg.conn_limit, self._auth, cfg.connect_timeout_s)
         self._session = aiohttp.ClientSession(
             headers={**self._auth, **_JSON_HEADERS},
             connector=aiohttp.TCPConnector(limit=cfg.conn_limit, keepalive_timeout=4.0),
@@ -68,8 +68,8 @@ class ReplicaSet:
         for session in (self._session, self._control):
             if session is not None:
                 await session.close()
-        if self._pool is not None:
-            self._pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
     # ------------------------------------------------------------------ replicas up and down
 
@@ -129,7 +129,7 @@ class ReplicaSet:
                             self.router.mark_up(replica)
                             print(f"grpo-lab proxy: {replica} is back in routing",
                                   file=sys.stderr)
-            self._pool.prune()  # close connections idle for too long
+            self.pool.prune()  # close connections idle for too long
             await asyncio.sleep(self.config.health_interval_s)
 
     async def _adapters(self, replica: str) -> dict[str, str]:
@@ -206,7 +206,7 @@ class ReplicaSet:
         calls = self._calls[replica]
         calls.add(task)
         try:
-            answer = await self._pool.post(replica + path, data, self.config.request_timeout_s)
+            answer = await self.pool.post(replica + path, data, self.config.request_timeout_s)
             self._refusals[replica] = 0
             return answer
         except asyncio.CancelledError:

@@ -25,7 +25,7 @@ async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | N
     return engine.error
 
 
-async def _serve_forever(server: InferenceServer) -> int:
+async def serve_forever(server: InferenceServer) -> int:
     """Serve until SIGTERM or Ctrl-C (returns 0) or until the engine dies (returns 1: a process
     that can generate nothing must end, so that its supervisor sees it and restarts it)."""
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
@@ -57,6 +57,6 @@ def serve(config: ServeConfig) -> None:
     print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
           f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
           file=sys.stderr, flush=True)
-    code = asyncio.run(_serve_forever(server))
+    code = asyncio.run(serve_forever(server))
     if code:
         sys.exit(code)
