@@ -1,22 +1,12 @@
-"""The generation interface of asynchronous GRPO: prompt ids and a policy version in, completions out.
-
-The training loop only ever talks to a `Generator`:
+"""Generators of asynchronous GRPO: prompt ids and a policy version in, completions out.
 
     generator.publish(model, version)      # trainer: "my current weights are policy `version`"
     generator.generate(prompt_ids, version=v, ...) -> Completions   # worker: sample with policy v
 
-`LocalGenerator` samples in this process from its own copy of the policy. `HTTPGenerator`
-(grpo_lab.rollout.http_generator) samples from HTTP inference servers instead (publish = save
-the adapter into the bucket and ask the servers to load it under a versioned name); the training
-loop is the same for both.
-
-Why a copy: the trainer's optimizer changes weights in place, tensor by tensor. Sampling from the
-trainer's model while it steps would mix two policies in one forward pass ("half-updated weights").
-So `publish` snapshots the trainable weights (for LoRA only the adapter's lora_A/lora_B: 11,776
-numbers at rank 1 on the tiny model), and the worker loads a snapshot into its copy, in its own
-thread, between generations. For LoRA the copy is a plain base model with the adapter merged in
-(W0 + scaling * B @ A), which samples faster than an unmerged adapter. A snapshot is never
-modified after it is published, so no lock is held while loading.
+`LocalGenerator` samples in this process from its own copy of the policy, loading a published
+snapshot of the trainable weights between generations, so that sampling never sees half-updated
+weights; `HTTPGenerator` (grpo_lab.rollout.http_generator) samples from inference servers
+(docs/internals.md, "Generators").
 """
 
 from __future__ import annotations
@@ -171,7 +161,8 @@ class LocalGenerator:
     def generate(self, prompt_ids, *, version, num_generations, max_new_tokens, temperature):
         with self._lock:
             if version not in self._snapshots:
-                raise KeyError(f"policy version {version} not available (have {list(self._snapshots)})")
+                raise KeyError(f"policy version {version} not available "
+                               f"(have {list(self._snapshots)})")
             state = self._snapshots[version]
         with self._generating:
             if self._loaded_version != version:  # swap weights between generations, never during
