@@ -213,6 +213,14 @@ NOTEBOOK_GOALS = {
         "format reward held": lambda r: r["format_late"] >= r["format_early"] - 0.05,
         "sample completions logged": lambda r: r["completions_logged"] >= 1,
         "prompts went through the chat template": lambda r: r["prompt_starts_with_template"],
+        "scaled by std, a format-only group's advantages match a half-right group's (> 0.9); "
+        "with scale_rewards=False they are 0.2x (the reward weight)":
+            lambda r: r["format_only_advantage"] > 0.9
+            and abs(r["format_only_advantage"] - r["correct_advantage"]) < 0.01
+            and abs(r["format_only_advantage_unscaled"] / r["correct_advantage_unscaled"] - 0.2)
+            < 1e-5,
+        "section 7's GPU parameters: the eight marked GPU, gradient checkpointing on":
+            lambda r: len(r["gpu_parameters"]) == 8 and r["gpu_parameters"]["gradient_checkpointing"],
     },
 }
 
