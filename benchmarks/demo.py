@@ -46,11 +46,13 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             out = Path(scratch) / f"seed-{seed}"
             begin = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "demo", "--seed", str(seed),
-                                   "--output-dir", str(out), "--progress", "false"],
+            proc = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "demo",
+                                   "--seed", str(seed), "--output-dir", str(out),
+                                   "--progress", "false"],
                                   capture_output=True, text=True, timeout=1200)
             if proc.returncode:
-                raise SystemExit(f"demo seed {seed} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+                raise SystemExit(f"demo seed {seed} failed:\n"
+                                 f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
             s = json.loads((out / "summary.json").read_text())
             row = {"seed": seed, **{k: s[k] for k in ("accuracy_before", "accuracy_after",
                                                       "accuracy_gain", "startup_s", "train_s",

@@ -96,8 +96,9 @@ SMALL = dict(steps=3, prompts_per_step=4, num_generations=4, eval_size=32, eval_
 
 def test_lora_run_changes_every_adapter_weight_and_saves_files(tmp_path):
     trainer = GRPOTrainer(GRPOConfig(**SMALL, output_dir=str(tmp_path), learning_rate=1e-2))
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    params = list(trainer.model.named_parameters())
+    before = {n: p.detach().clone() for n, p in params if p.requires_grad}
+    frozen = {n: p.detach().clone() for n, p in params if not p.requires_grad}
     records = trainer.train()
     after = dict(trainer.model.named_parameters())
     # lora_B starts at 0; after updates with signal every adapter matrix has moved
@@ -161,4 +162,5 @@ def test_the_docs_metric_table_is_the_glossary():
     from grpo_lab.train.glossary import glossary_markdown
 
     docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
-    assert docs.read_text() == glossary_markdown(), "regenerate docs/metrics.md (see glossary_markdown)"
+    assert docs.read_text() == glossary_markdown(), (
+        "regenerate docs/metrics.md (see glossary_markdown)")

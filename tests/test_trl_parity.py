@@ -79,7 +79,8 @@ def trl_args(output_dir, **overrides) -> TRLConfig:
         bf16=False,  # use_cpu alone leaves bf16 on
         report_to="none",
         save_strategy="no",
-        activation_checkpointing=False,  # TRL's default True (as gradient_checkpointing) only slows 1M params
+        # TRL's default True (as gradient_checkpointing) only slows 1M params
+        activation_checkpointing=False,
         per_device_train_batch_size=B,  # completions per micro-batch
         num_generations=G,
         max_completion_length=MAX_COMPLETION_LENGTH,  # default 512
@@ -132,7 +133,8 @@ def trainer(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(trainer):
-    """The peft model, with LoRA B randomised so the adapter (and so the KL to the base) is not 0."""
+    """The peft model, with LoRA B randomised so the adapter (and so the KL to the base) is not
+    0."""
     peft_model = trainer.model
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -158,7 +160,8 @@ def batch(trainer, model):
                    for n in lengths]
     completion_ids, completion_mask = pad_right(completions, tokenizer.pad_token_id)
     # Rewards: binary groups, a graded one, and a group with no signal (advantage 0, no NaN).
-    rewards = torch.tensor([1, 0, 0, 1, 0, 0, 0, 1, 0.5, 0, 1, 0.25, 1, 1, 1, 1], dtype=torch.float32)
+    rewards = torch.tensor([1, 0, 0, 1, 0, 0, 0, 1, 0.5, 0, 1, 0.25, 1, 1, 1, 1],
+                           dtype=torch.float32)
     advantages = core.group_advantages(rewards, G)
     with torch.no_grad():
         current = core.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
@@ -166,8 +169,8 @@ def batch(trainer, model):
         with model.disable_adapter():  # LoRA's reference: the base model, as in both trainers
             ref_logps = core.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
                                              completion_mask, TEMPERATURE)
-    # "Old" logprobs as after a few updates: about +-0.4 (1 sigma) around the current ones, so both clip
-    # branches fire. Zero on padding, as TRL pads them.
+    # "Old" logprobs as after a few updates: about +-0.4 (1 sigma) around the current ones, so both
+    # clip branches fire. Zero on padding, as TRL pads them.
     old_logps = (current + 0.4 * torch.randn(current.shape, generator=generator)) * completion_mask
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                 completion_mask=completion_mask, rewards=rewards, advantages=advantages,
@@ -216,7 +219,8 @@ def trl_inputs(batch, rows=slice(None), *, off_policy: bool, beta: float,
 
 
 def grpo_lab_loss(model, batch, *, off_policy: bool, beta: float, loss_type: str,
-                  epsilon_low: float, epsilon_high: float, max_completion_length=MAX_COMPLETION_LENGTH,
+                  epsilon_low: float, epsilon_high: float,
+                  max_completion_length=MAX_COMPLETION_LENGTH,
                   use_bias_correction_kl: bool = False):
     logps = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                  batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
@@ -248,7 +252,8 @@ def test_trainer_reads_its_config(trainer):
     """`configured` sets these attributes: check TRL's __init__ copies them from its config."""
     args = trainer.args
     assert (trainer.loss_type, trainer.beta) == (args.loss_type, args.beta) == ("grpo", 0.0)
-    assert (trainer.epsilon_low, trainer.epsilon_high) == (args.epsilon, args.epsilon_high) == (0.2, 0.28)
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (args.epsilon, args.epsilon_high)
+    assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
     assert trainer.scale_rewards == args.scale_rewards == "group"
     assert trainer.max_completion_length == MAX_COMPLETION_LENGTH
     assert trainer.temperature == TEMPERATURE
@@ -357,7 +362,8 @@ def test_altered_loss_does_not_match(trainer, model, batch, alteration):
         same, _ = grpo_lab_loss(model, batch, off_policy=True, **reference)
         altered, _ = grpo_lab_loss(model, batch, off_policy=True, **{**reference, **change})
     assert abs(trl_loss.item() - same.item()) <= TOL  # the unaltered copy matches ...
-    assert abs(trl_loss.item() - altered.item()) > 100 * TOL, (alteration, trl_loss.item(), altered.item())
+    assert abs(trl_loss.item() - altered.item()) > 100 * TOL, (alteration, trl_loss.item(),
+                                                               altered.item())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,9 +413,10 @@ def sampler_logps(batch):
 def trl_with_vllm_correction(trainer, batch, sampler, mode, clip_max, clip_min):
     """TRL's trainer as with vLLM and the correction on, its sampling and scoring stubbed."""
     real = batch["completion_mask"].bool()
-    prompt_lists = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"],
-                                                             strict=True)]
-    completion_lists = [ids[m].tolist() for ids, m in zip(batch["completion_ids"], real, strict=True)]
+    prompt_lists = [ids[m.bool()].tolist()
+                    for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    completion_lists = [ids[m].tolist()
+                        for ids, m in zip(batch["completion_ids"], real, strict=True)]
     sampler_lists = [[None if math.isnan(x) else x for x in row[m].tolist()]
                      for row, m in zip(sampler, real, strict=True)]
     texts = trainer.processing_class.batch_decode(completion_lists, skip_special_tokens=True)
@@ -461,7 +468,8 @@ def our_correction(batch, sampler, mode, clip_max, clip_min):
 @pytest.mark.parametrize("setting", IS_SETTINGS, ids=list(IS_SETTINGS))
 def test_sampler_importance_weights_match_trl(trainer, batch, sampler_logps, setting):
     mode, clip_max, clip_min = IS_SETTINGS[setting]
-    trl_weights, trl_metrics = trl_correction(trainer, batch, sampler_logps, mode, clip_max, clip_min)
+    trl_weights, trl_metrics = trl_correction(trainer, batch, sampler_logps, mode, clip_max,
+                                              clip_min)
     weights, metrics = our_correction(batch, sampler_logps, mode, clip_max, clip_min)
     assert weights.shape == trl_weights.shape == ((B, 1) if mode.startswith("sequence") else
                                                   batch["old_logps"].shape)
@@ -495,7 +503,8 @@ def test_corrected_loss_matches_trl(trainer, model, batch, sampler_logps, loss_t
     trl_weights, _ = trl_correction(trainer, batch, sampler_logps, mode, clip_max, clip_min)
     weights, _ = our_correction(batch, sampler_logps, mode, clip_max, clip_min)
     eps = dict(epsilon_low=0.2, epsilon_high=0.28)
-    inputs = dict(trl_inputs(batch, off_policy=True, beta=beta), importance_sampling_ratio=trl_weights)
+    inputs = dict(trl_inputs(batch, off_policy=True, beta=beta),
+                  importance_sampling_ratio=trl_weights)
     with trl_vllm_flags(trainer), configured(trainer, loss_type=loss_type, beta=beta, **eps):
         trl_loss = trainer._compute_loss(model, inputs)
         logps = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
@@ -534,7 +543,8 @@ IS_ALTERATIONS = {  # name: (TRL's setting, grpo_lab's mode, clip_max, clip_min)
     "cap 2->3 (token_truncate)": ("token_truncate", ("token_truncate", 3.0, None)),
     "cap 2->3 (sequence_mask)": ("sequence_mask", ("sequence_mask", 3.0, None)),
     "clip_min dropped (token_mask)": ("token_mask-min", ("token_mask", 2.0, None)),
-    "clip_min dropped (sequence_truncate)": ("sequence_truncate-min", ("sequence_truncate", 2.0, None)),
+    "clip_min dropped (sequence_truncate)": ("sequence_truncate-min",
+                                             ("sequence_truncate", 2.0, None)),
     "truncate->mask (token)": ("token_truncate", ("token_mask", 2.0, None)),
     "mask->truncate (sequence)": ("sequence_mask", ("sequence_truncate", 2.0, None)),
     "token->sequence (truncate)": ("token_truncate", ("sequence_truncate", 2.0, None)),
@@ -548,7 +558,8 @@ def test_altered_correction_does_not_match(trainer, model, batch, sampler_logps,
     setting, (mode, clip_max, clip_min) = IS_ALTERATIONS[alteration]
     trl_weights, _ = trl_correction(trainer, batch, sampler_logps, *IS_SETTINGS[setting])
     weights, _ = our_correction(batch, sampler_logps, mode, clip_max, clip_min)
-    inputs = dict(trl_inputs(batch, off_policy=True, beta=0.0), importance_sampling_ratio=trl_weights)
+    inputs = dict(trl_inputs(batch, off_policy=True, beta=0.0),
+                  importance_sampling_ratio=trl_weights)
     with trl_vllm_flags(trainer), configured(trainer, loss_type="grpo", beta=0.0), torch.no_grad():
         trl_loss = trainer._compute_loss(model, inputs)
         logps = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
@@ -589,7 +600,8 @@ def test_advantages_match(trainer, model, scale_rewards, scale_by_std):
         out = trainer._generate_and_score_completions(rows)
     tokenizer = trainer.processing_class
     texts = tokenizer.batch_decode(
-        [ids[m.bool()] for ids, m in zip(out["completion_ids"], out["completion_mask"], strict=True)],
+        [ids[m.bool()]
+         for ids, m in zip(out["completion_ids"], out["completion_mask"], strict=True)],
         skip_special_tokens=True)
     rewards = torch.tensor(exact_match_reward(texts, answer=[r["answer"] for r in rows]))
     groups = rewards.view(-1, G)
@@ -617,7 +629,8 @@ def test_difference_kl_bias_correction(trainer, model, batch, loss_type):
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         current = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
-                                       batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
+                                       batch["completion_ids"], batch["completion_mask"],
+                                       TEMPERATURE)
     noise = torch.randn(current.shape, generator=generator)
     batch = dict(batch, ref_logps=(current + noise) * mask, old_logps=(current - 0.3) * mask)
     kwargs = dict(beta=BETA, loss_type=loss_type, **eps)
@@ -660,7 +673,8 @@ def test_difference_position_ids(trainer, model, batch):
             trl_logps, _, _ = trainer._get_per_token_logps_and_entropies(
                 model, ids, mask, batch["completion_ids"].shape[1])
             ours = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
-                                        batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
+                                        batch["completion_ids"], batch["completion_mask"],
+                                        TEMPERATURE)
     finally:
         hook.remove()
     trl_positions, our_positions = seen
@@ -694,7 +708,8 @@ def test_difference_gradient_accumulation(trainer, model, batch, loss_type):
     total_tokens = batch["completion_mask"].sum()  # TRL counts the generation batch's tokens
     with configured(trainer, loss_type=loss_type, beta=BETA, current_gradient_accumulation_steps=2,
                     steps_per_generation=2, **eps):
-        trl_losses = [trainer._compute_loss(model, trl_inputs(batch, rows, off_policy=True, beta=BETA,
+        trl_losses = [trainer._compute_loss(model, trl_inputs(batch, rows, off_policy=True,
+                                                              beta=BETA,
                                                               num_items_in_batch=total_tokens))
                       for rows in halves]
     ours, _ = grpo_lab_loss(model, batch, off_policy=True, beta=BETA, loss_type=loss_type, **eps)
