@@ -25,12 +25,17 @@ def fake_sample(problems):
     return SampledGroups(list(problems), out, rewards, {"exact_match": rewards.clone()})
 
 
-def rounds_of(*answers_per_round):
-    """A `draw` that hands out the given rounds' problems (named r<round>p<index>) in turn."""
-    rounds = [[Problem(f"r{r}p{i}", a) for i, a in enumerate(answers)]
-              for r, answers in enumerate(answers_per_round)]
-    it = iter(rounds[1:])
-    return rounds[0], lambda: next(it)
+def rounds_of(first, *later):
+    """The first round's problems and a `draw(n)` that takes the next n answers of `later`;
+    problems are named r<round>p<index>, and `draw.counts` keeps each n asked for."""
+    stream = iter(later)
+
+    def draw(n):
+        draw.counts.append(n)
+        return [Problem(f"r{len(draw.counts)}p{i}", next(stream)) for i in range(n)]
+
+    draw.counts = []
+    return [Problem(f"r0p{i}", a) for i, a in enumerate(first)], draw
 
 
 def test_zero_std_groups_flags_groups_whose_rewards_are_all_equal():
@@ -48,9 +53,10 @@ def test_a_batch_with_signal_everywhere_costs_one_round():
 
 def test_zero_signal_groups_are_replaced_by_later_rounds_and_the_surplus_dropped():
     first, draw = rounds_of(["same", "diff", "same", "same"],
-                            ["diff", "same", "same", "same"],
-                            ["same", "diff", "diff", "diff"])
+                            "diff", "same", "same", "same", "same", "diff", "diff", "diff")
     chosen, metrics = sample_with_signal(fake_sample, draw, first, G, max_rounds=5)
+    # 1 kept in 4: the 3 missing call for 12 prompts, at most a step's 4; then 2 in 8: 8, so 4.
+    assert draw.counts == [4, 4]
     # Kept in the order they came; round 2 had three with signal, one was needed: two dropped.
     assert [p.prompt for p in chosen.problems] == ["r0p1", "r1p0", "r2p1", "r2p2"]
     assert not zero_std_groups(chosen.rewards, G).any()
@@ -62,9 +68,19 @@ def test_zero_signal_groups_are_replaced_by_later_rounds_and_the_surplus_dropped
                        "dynamic_sampling/zero_std_groups": 7, "dynamic_sampling/dropped_groups": 7}
 
 
+def test_a_round_draws_the_missing_groups_over_the_share_kept_so_far():
+    first, draw = rounds_of(["diff", "diff", "same", "diff"], "same", "diff")
+    chosen, metrics = sample_with_signal(fake_sample, draw, first, G, max_rounds=5)
+    assert draw.counts == [2]  # 1 missing, 3 of 4 kept so far: ceil(1 / 0.75) = 2
+    assert [p.prompt for p in chosen.problems] == ["r0p0", "r0p1", "r0p3", "r1p1"]
+    assert metrics == {"dynamic_sampling/rounds": 2, "dynamic_sampling/generated_groups": 6,
+                       "dynamic_sampling/zero_std_groups": 2, "dynamic_sampling/dropped_groups": 2}
+
+
 def test_at_the_round_cap_the_last_rounds_zero_signal_groups_fill_the_batch():
-    first, draw = rounds_of(["same", "diff", "same"], ["same", "same", "same"])
+    first, draw = rounds_of(["same", "diff", "same"], "same", "same", "same")
     chosen, metrics = sample_with_signal(fake_sample, draw, first, G, max_rounds=2)
+    assert draw.counts == [3]
     assert [p.prompt for p in chosen.problems] == ["r0p1", "r1p0", "r1p1"]
     assert zero_std_groups(chosen.rewards, G).tolist() == [False, True, True]
     assert metrics == {"dynamic_sampling/rounds": 2, "dynamic_sampling/generated_groups": 6,
@@ -97,7 +113,7 @@ def test_the_trainer_trains_only_on_groups_with_signal(tiny_model_dir):
     assert record["frac_reward_zero_std"] == 0
     rounds = record["dynamic_sampling/rounds"]
     assert 2 <= rounds < 20
-    assert record["dynamic_sampling/generated_groups"] == 4 * rounds
+    assert 4 < record["dynamic_sampling/generated_groups"] <= 4 * rounds
     assert record["dynamic_sampling/dropped_groups"] == record["dynamic_sampling/zero_std_groups"]
     assert record["dynamic_sampling/zero_std_groups"] >= 4 * before["frac_reward_zero_std"]
     assert unknown_metrics(record) == []

@@ -91,9 +91,9 @@ class GRPOConfig:
     `prompts_per_step` groups whose rewards differ (grpo_lab.train.dynamic_sampling). The
     synchronous trainer, in one process; costs extra generation, logged as `dynamic_sampling/*`."""
     dynamic_sampling_max_rounds: int = 3
-    """With dynamic_sampling: at most this many rounds of `prompts_per_step` prompts are sampled
-    per step (DAPO's recipe in verl: `filter_groups.max_num_gen_batches`); a batch still short
-    after them is filled with the last round's zero-signal groups."""
+    """With dynamic_sampling: at most this many rounds of generation per step, the first of
+    `prompts_per_step` prompts (DAPO's recipe in verl: `filter_groups.max_num_gen_batches`); a
+    batch still short after them is filled with the last round's zero-signal groups."""
 
     # --- the loss ---
     loss_type: str = "grpo"

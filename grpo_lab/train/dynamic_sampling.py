@@ -5,15 +5,19 @@ A group whose G rewards are all equal (every completion right, or every one wron
 in the batch and dilutes the `grpo` and `dr_grpo` averages. As the policy gets better, more
 groups are all right, and the batch's effective size shrinks (`frac_reward_zero_std` rises).
 
-Dynamic sampling over-samples: it generates rounds of fresh prompts (as many as the step has),
-keeps the groups whose rewards differ, and stops once it holds `prompts_per_step` of them (the
-last round's surplus is dropped) or after `dynamic_sampling_max_rounds` rounds. A batch the cap
-leaves short is filled with the last round's zero-signal groups, so every step trains on the
-same number of groups. The price is the extra generation, logged as `dynamic_sampling/*`.
+Dynamic sampling over-samples: it generates rounds of fresh prompts, keeps the groups whose
+rewards differ, and stops once it holds `prompts_per_step` of them (the last round's surplus is
+dropped) or after `dynamic_sampling_max_rounds` rounds. After the step's own prompts, a round
+draws the number still missing divided by the share of groups kept so far (at most a step's
+worth; DAPO's code, in verl, draws a whole batch each round and wastes more of its last one).
+A batch the cap leaves short is filled with the last round's zero-signal groups, so every step
+trains on the same number of groups. The price is the extra generation, logged as
+`dynamic_sampling/*`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..core.tasks import Problem
@@ -22,15 +26,15 @@ from .rollout_batch import SampledGroups, zero_std_groups
 
 def sample_with_signal(
     sample: Callable[[list[Problem]], SampledGroups],
-    draw: Callable[[], list[Problem]],
+    draw: Callable[[int], list[Problem]],
     problems: list[Problem],
     group_size: int,
     max_rounds: int,
 ) -> tuple[SampledGroups, dict[str, float]]:
     """`len(problems)` groups, those whose rewards differ first; returns them and the metrics.
 
-    `sample` generates and scores G completions per problem (Stages 1-2), `draw` gives the next
-    round's fresh problems, `problems` are the first round's.
+    `sample` generates and scores G completions per problem (Stages 1-2), `draw(n)` gives n fresh
+    problems for the next round, `problems` are the first round's.
     """
     want = len(problems)
     kept: list[SampledGroups] = []
@@ -43,7 +47,8 @@ def sample_with_signal(
         have += len(kept[-1].problems)
         if have >= want or rounds >= max_rounds:
             break
-        problems = draw()
+        # Enough to fill the batch if the next groups are kept as often as these were.
+        problems = draw(min(want, math.ceil((want - have) * generated / have)) if have else want)
     chosen = SampledGroups.concat(kept).groups(list(range(min(have, want))))
     filled = want - len(chosen.problems)  # the cap was hit: the last round's zero-signal groups
     if filled:

@@ -252,7 +252,7 @@ class GRPOTrainer:
         sampled, sampling = None, {}
         if self.config.dynamic_sampling:  # DAPO: only groups whose rewards differ
             sampled, sampling = sample_with_signal(
-                self.sample, lambda: self.task.sample_batch(self.rng, len(problems)), problems,
+                self.sample, lambda n: self.task.sample_batch(self.rng, n), problems,
                 self.config.num_generations, self.config.dynamic_sampling_max_rounds)
             problems = sampled.problems
         batch, out, parts = self.make_batch(problems, sampled)
