@@ -3,7 +3,7 @@
     python benchmarks/routing_replay.py            # full run: 64,728 rollouts, 2 and 3 replicas
     python benchmarks/routing_replay.py --quick    # 1/10 of the prompts, a few seconds
 
-The workload and its stated distributions live in `grpo_lab.proxy.routing_replay` (docstring).
+The workload and its stated distributions: docs/internals.md, "The routing replay".
 Goals for 2 replicas (the blog's proxy: 14.2 % unmatched, 1.3 % spill; issue 26): spill <= 0.5 %,
 and unmatched under the reference's labels within 0.3 points of its floor, 1/G = 12.5 % (the
 first rollout of a group is cold): <= 12.8 %. `unmatched (ref)` counts as the reference proxy
