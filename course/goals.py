@@ -24,6 +24,8 @@ NOTEBOOK_GOALS = {
         "advantages_match": lambda r: r["advantages_match"],
         "loss_match": lambda r: r["loss_match"],
         "max_ratio_deviation < 1e-3": lambda r: r["max_ratio_deviation"] < 1e-3,
+        "01.3: without the clip, 4 updates per batch move the policy > 1.5x as far (k3)":
+            lambda r: r["clip_runs"]["unclipped"]["kl"] > 1.5 * r["clip_runs"]["clipped"]["kl"],
     },
     "01b_grpo_maths": {
         "gradient 0 exactly where the clip binds": lambda r: r["clip_gradient_matches"],
