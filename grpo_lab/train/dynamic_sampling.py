@@ -1,18 +1,9 @@
 """DAPO's dynamic sampling (Yu et al. 2025, section 3.2): train only on groups that carry a signal.
 
-A group whose G rewards are all equal (every completion right, or every one wrong) gets advantage
-0 on every completion. With beta = 0 it adds nothing to the gradient, yet it still takes a place
-in the batch and dilutes the `grpo` and `dr_grpo` averages. As the policy gets better, more
-groups are all right, and the batch's effective size shrinks (`frac_reward_zero_std` rises).
-
-Dynamic sampling over-samples: it generates rounds of fresh prompts, keeps the groups whose
-rewards differ, and stops once it holds `prompts_per_step` of them (the last round's surplus is
-dropped) or after `dynamic_sampling_max_rounds` rounds. After the step's own prompts, a round
-draws the number still missing divided by the share of groups kept so far (at most a step's
-worth; DAPO's code, in verl, draws a whole batch each round and wastes more of its last one).
-A batch the cap leaves short is filled with the last round's zero-signal groups, so every step
-trains on the same number of groups. The price is the extra generation, logged as
-`dynamic_sampling/*`.
+A group whose G rewards are all equal has advantage 0 on every completion: it adds nothing to
+the gradient but takes a place in the batch. Rounds of fresh prompts are generated until
+`prompts_per_step` groups with a signal are held, or `dynamic_sampling_max_rounds` is reached;
+the extra generation is logged as `dynamic_sampling/*` (docs/internals.md, "Dynamic sampling").
 """
 
 from __future__ import annotations
