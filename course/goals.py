@@ -62,6 +62,11 @@ NOTEBOOK_GOALS = {
         "adapter < 2 % of the model": lambda r: r["adapter_bytes"] < 0.02 * r["model_bytes"],
         "reloaded adapter scores the same":
             lambda r: r["reloaded_accuracy"] == r["lora_accuracy_after"],
+        "02.2: partial credit for near misses halves the groups without signal; the adapter "
+        "still gains 5 points":
+            lambda r: r["reward_run"]["+ closeness"]["no_signal"]
+            < 0.5 * r["reward_run"]["exact match"]["no_signal"]
+            and r["reward_run"]["+ closeness"]["accuracy"] >= r["lora_accuracy_before"] + 0.05,
     },
     "03_grpo_with_trl": {
         "grpo_lab gain >= 10 points":
