@@ -1,7 +1,8 @@
 # EXERCISE 08.1
-my_verdicts = {}
-for name, r in runs.items():
-    row = summarize(r)
-    my_verdicts[name] = "generation" if row["wait_share"] > row["held_back_share"] else "trainer"
-    print(f"{name:18s} waits {row['wait_share']:.0%}, held back {row['held_back_share']:.0%}"
-          f" -> {my_verdicts[name]}")
+def my_bottleneck(n):
+    if n["queue_fill"] >= 0.75 and n["wait_share"] <= 0.05 and n["held_back_share"] >= 0.2:
+        return "trainer"  # full queue, no wait, generation held back: the step is too slow
+    rising = n["wait_share"] >= 0.2 or (n["wait_slope_s"] > 0 and n["wait_share"] > 0.05)
+    if n["queue_fill"] <= 0.25 and rising and n["held_back_share"] <= 0.05:
+        return "generation"  # empty queue, a rising wait, nothing held back
+    return "balanced"
