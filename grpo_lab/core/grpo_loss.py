@@ -1,14 +1,11 @@
-"""The GRPO core, one function per idea.
+"""The GRPO core, one function per idea (docs/internals.md, "The GRPO loss").
 
-    1. per-token log-probabilities at the sampling temperature      token_logprobs / policy_logprobs
-       (and the policy's entropy there, a metric)                   token_logprobs_and_entropy
-    2. group-relative advantages                                     group_advantages
-    3. the clipped surrogate with separate low/high epsilon          clipped_surrogate
-    4. an optional KL penalty against a reference (k3 estimator)     k3_kl
-    5. aggregation of per-token losses into one number               grpo_ / dapo_ / dr_grpo_aggregate
-
-`grpo_loss` also takes importance weights for a sampler that is not the trainer (vLLM): TRL's
-`vllm_importance_sampling_correction`, computed in grpo_lab.core.sampler_correction.
+    1. per-token log-probabilities at the sampling temperature   token_logprobs, policy_logprobs
+       (and the policy's entropy there, a metric)                token_logprobs_and_entropy
+    2. group-relative advantages                                  group_advantages
+    3. the clipped surrogate with separate low/high epsilon       clipped_surrogate
+    4. an optional KL penalty against a reference (k3 estimator)  k3_kl
+    5. per-token losses aggregated into one number                grpo_, dapo_, dr_grpo_aggregate
 
 Shapes: B completions (G per prompt, prompt-major), T completion tokens (right padded), V vocab.
 `mask` is 1 on real completion tokens and 0 on padding: padding never contributes.
@@ -242,7 +239,8 @@ def grpo_loss(
     surrogate = clipped_surrogate(logps, old_logps, advantages, epsilon_low, epsilon_high)
     per_token_loss = surrogate.per_token_loss
     if importance_weights is not None:
-        # The tokens came from pi_sampler, the ratio is against pi_old: reweigh by pi_old / pi_sampler.
+        # The tokens came from pi_sampler, the ratio is against pi_old: reweigh by
+        # pi_old / pi_sampler (TRL's vllm_importance_sampling_correction).
         per_token_loss = per_token_loss * importance_weights
     metrics = {}
     if beta != 0.0:

@@ -1,17 +1,12 @@
 """Synchronous GRPO in one process: generate, score, compute advantages, update, repeat.
 
-Each step follows the algorithm's four stages (DeepSeekMath, Algorithm 1):
-
     Stage 1  sample G completions for each of `prompts_per_step` prompts, keeping their logprobs
-             (with `dynamic_sampling`, DAPO's: more prompts until every group's rewards differ)
     Stage 2  score every completion with the reward function
     Stage 3  turn rewards into group-relative advantages
     Stage 4  `num_iterations` clipped-surrogate updates on that batch
 
-Works with full fine-tuning or a LoRA adapter (peft), on the tiny offline model or any causal LM,
-in one process or several under `accelerate launch` (DDP or FSDP2, grpo_lab.train.distributed):
-each process then samples and trains on its share of the step's prompts, and the main process
-alone logs and saves.
+Full fine-tuning or LoRA, any causal LM, one process or several under `accelerate launch`
+(docs/internals.md, "The trainer"; DeepSeekMath, Algorithm 1).
 """
 
 from __future__ import annotations
@@ -300,7 +295,8 @@ class GRPOTrainer:
         try:
             for _ in range(steps):
                 record = self.step()
-                if (cfg.eval_every and record["step"] % cfg.eval_every == 0) or record["step"] == last:
+                due = cfg.eval_every and record["step"] % cfg.eval_every == 0
+                if due or record["step"] == last:
                     record["eval/accuracy"] = self.evaluate()
                 self.logger.log(record)
                 bar.update(1)
@@ -331,7 +327,8 @@ class GRPOTrainer:
 
     @property
     def accuracy_history(self) -> list[tuple[int, float]]:
-        return [(r["step"], r["eval/accuracy"]) for r in self.logger.records if "eval/accuracy" in r]
+        return [(r["step"], r["eval/accuracy"]) for r in self.logger.records
+                if "eval/accuracy" in r]
 
     def save(self, path: str | Path) -> Path:
         """The adapter (adapter_config.json + adapter_model.safetensors) or the full model,
