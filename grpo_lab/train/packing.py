@@ -1,23 +1,10 @@
 """Token-budget micro-batching: split one optimizer step's rollouts into forward passes by tokens.
 
-A fixed number of sequences per micro-batch wastes compute on padding when lengths vary, and runs
-out of memory when they are long. Here each micro-batch is filled up to `token_budget` tokens of
-forward input (padding included), in one of two layouts:
-
-- **padded** (`make_micro_batches(..., packed=False)`): rows sorted by length, so that similar
-  lengths share a micro-batch and little padding is left; one sequence per row.
-- **packed** (`packed=True`): several sequences concatenated into one row of at most `row_tokens`
-  tokens, with position ids restarting at 0 for each sequence and a block-diagonal causal mask, so
-  a sequence never attends to its neighbours. Padding-free up to the end of each row. The mask is
-  dense (row_tokens x row_tokens), so keep rows short on a CPU: attention grows with its square.
-
-Every sequence of the step lands in exactly one micro-batch, and `accumulate_grpo_loss` weights
-each micro-batch's loss so that the sum equals the loss of the whole batch in one pass (GRPO:
-per-sequence means averaged over the step's sequences; DAPO: the step's token mean; Dr. GRPO:
-the step's constant). The optimizer step sees the same samples and the same gradient. Under
-`accelerate launch` each process holds a share of the step's sequences: with `processes` the
-shares are of the whole step's (every process's) sequences or tokens, so the averaged gradient is
-still the whole step's (grpo_lab.train.distributed).
+Each micro-batch holds at most `token_budget` tokens of forward input, padding included: rows
+sorted by length (`packed=False`), or several sequences packed into one row with position ids
+restarting at 0 and a block-diagonal causal mask (`packed=True`). `accumulate_grpo_loss` weights
+each micro-batch's loss so that the step's loss and gradient are those of the whole batch in one
+pass, over every process's share too (docs/internals.md, "Token-budget micro-batches").
 """
 
 from __future__ import annotations
