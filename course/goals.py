@@ -31,7 +31,8 @@ NOTEBOOK_GOALS = {
         "gradient 0 exactly where the clip binds": lambda r: r["clip_gradient_matches"],
         "k3 unbiased on-policy, biased off-policy (toy, |z| < 4 vs > 4)":
             lambda r: abs(r["toy_on_policy_z"]) < 4 < abs(r["toy_off_policy_z"]),
-        "k3 as a loss: gradient of KL(pi_ref || pi_theta) (< 1e-9), not KL(pi_theta || pi_ref) (> 1e-2)":
+        "k3 as a loss: gradient of KL(pi_ref || pi_theta) (< 1e-9), "
+        "not KL(pi_theta || pi_ref) (> 1e-2)":
             lambda r: r["k3_grad_vs_kl_ref_theta"] < 1e-9 < 1e-2 < r["k3_grad_vs_kl_theta_ref"],
         "ratio x k3 (TRL's bias correction): gradient of KL(pi_theta || pi_ref), not the other":
             lambda r: r["ratio_k3_grad_vs_kl_theta_ref"] < 1e-9 < 1e-2
@@ -71,7 +72,8 @@ NOTEBOOK_GOALS = {
     "03_grpo_with_trl": {
         "grpo_lab gain >= 10 points":
             lambda r: r["grpo_lab_accuracy_after"] >= r["accuracy_before"] + 0.10,
-        "TRL gain >= 10 points": lambda r: r["trl_accuracy_after"] >= r["trl_accuracy_before"] + 0.10,
+        "TRL gain >= 10 points":
+            lambda r: r["trl_accuracy_after"] >= r["trl_accuracy_before"] + 0.10,
         "same starting accuracy": lambda r: r["trl_accuracy_before"] == r["accuracy_before"],
         "config_mismatches == 0": lambda r: r["config_mismatches"] == 0,
         "metrics_missing == 0": lambda r: r["metrics_missing"] == 0,
@@ -87,7 +89,8 @@ NOTEBOOK_GOALS = {
         "staleness within max_staleness":
             lambda r: r["async_staleness_max"] <= r["max_staleness"],
         "async_staleness_mean > 0": lambda r: r["async_staleness_mean"] > 0,
-        # the mean ratio stays near 1 stale or not; TRL's async `kl` (k3 of sampler vs trainer) moves
+        # the mean ratio stays near 1 stale or not; TRL's async `kl` (k3 of sampler vs trainer)
+        # moves
         "sync: |kl| < 1e-6 (float32, on-policy)": lambda r: r["sync_kl_max"] < 1e-6,
         "async: kl on stale steps > 1e-5 and > 100x sync's, max < 5e-3":
             lambda r: r["async_kl_stale_mean"] > max(1e-5, 100 * r["sync_kl_max"])
@@ -136,7 +139,8 @@ NOTEBOOK_GOALS = {
             lambda r: r["tis_max_coefficient"] <= 2 + 1e-6 and r["mis_outside_band"] == 0,
         "wrong weights: mean pi_prox / mu within 0.1 of 1, yet k3 > 1e-2":
             lambda r: abs(r["batch"]["mean"] - 1) < 0.1 and r["batch"]["k3"] > 1e-2,
-        # 2. staleness (measured 3 seeds: kl 1e-4 at k = 1, 2e-3 at k = 8; accuracy within 1.9 points)
+        # 2. staleness (measured 3 seeds: kl 1e-4 at k = 1, 2e-3 at k = 8; accuracy within 1.9
+        # points)
         "staleness = max_staleness after the warm-up":
             lambda r: all(abs(s["staleness"] - int(k)) < 0.5 for k, s in r["staleness"].items()),
         "kl at the float32 floor at k = 0 and growing with k":
@@ -227,7 +231,8 @@ NOTEBOOK_GOALS = {
             and abs(r["format_only_advantage_unscaled"] / r["correct_advantage_unscaled"] - 0.2)
             < 1e-5,
         "section 7's GPU parameters: the eight marked GPU, gradient checkpointing on":
-            lambda r: len(r["gpu_parameters"]) == 8 and r["gpu_parameters"]["gradient_checkpointing"],
+            lambda r: (len(r["gpu_parameters"]) == 8
+                       and r["gpu_parameters"]["gradient_checkpointing"]),
     },
 }
 

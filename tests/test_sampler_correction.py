@@ -23,8 +23,10 @@ from grpo_lab.rollout.generators import LocalGenerator
 from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches
 from grpo_lab.train.trainer import GRPOTrainer
 
-SAMPLING_METRICS = {"sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-                    "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+SAMPLING_METRICS = {"sampling/sampling_logp_difference/mean",
+                    "sampling/sampling_logp_difference/max",
+                    "sampling/importance_sampling_ratio/min",
+                    "sampling/importance_sampling_ratio/mean",
                     "sampling/importance_sampling_ratio/max"}
 
 
@@ -84,8 +86,8 @@ def test_all_weights_under_the_cap_are_plain_importance_weights(mode, loss_type)
     assert ours[0].item() == pytest.approx(core.aggregate(loss_type, by_hand, mask, 3).item(),
                                            abs=1e-6)
     # The raw weights are not 1 here: the correction does change the loss.
-    assert ours[0].item() != pytest.approx(loss_and_grad(logps, old, adv, mask, None, loss_type)[0].item(),
-                                           abs=1e-4)
+    uncorrected = loss_and_grad(logps, old, adv, mask, None, loss_type)[0].item()
+    assert ours[0].item() != pytest.approx(uncorrected, abs=1e-4)
 
 
 def test_token_mask_zeroes_exactly_the_tokens_above_the_cap():
@@ -206,8 +208,8 @@ def test_sync_trainer_weights_are_one_and_logged(tiny_model_dir):
     for stat in ("min", "mean", "max"):
         assert record[f"sampling/importance_sampling_ratio/{stat}"] == pytest.approx(1, abs=1e-3)
     assert record["ratio"] == 1.0  # against the trainer's own logprobs, at the first update
-    off = GRPOTrainer(GRPOConfig(model=str(tiny_model_dir), vllm_importance_sampling_correction=False,
-                                 **SMALL)).step()
+    off = GRPOTrainer(GRPOConfig(model=str(tiny_model_dir),
+                                 vllm_importance_sampling_correction=False, **SMALL)).step()
     assert not SAMPLING_METRICS & set(off)
 
 

@@ -95,7 +95,8 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         # `publish` sets it when it admits a waiting worker, before the worker even wakes up, so
         # the trainer never borrows a core that the worker is about to take back.
         self._worker_busy = threading.Event()
-        self._admission_needs: int | None = None  # version a waiting worker needs (None: not waiting)
+        # the version a waiting worker needs (None: not waiting)
+        self._admission_needs: int | None = None
         self._version_offset = 0  # version - step // weight_sync_steps when the steps started
         self._worker_error: BaseException | None = None
         self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0)

@@ -55,7 +55,8 @@ class AsyncGRPOConfig(GRPOConfig):
         problems = []
         if self.max_staleness < 0:
             problems.append(f"max_staleness must be >= 0 (got {self.max_staleness})")
-        for name in ("weight_sync_steps", "generator_threads", "trainer_threads", "pack_row_tokens"):
+        for name in ("weight_sync_steps", "generator_threads", "trainer_threads",
+                     "pack_row_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.buffer_size is not None and self.buffer_size < self.prompts_per_step:

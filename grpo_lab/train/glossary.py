@@ -62,8 +62,10 @@ METRICS: dict[str, str] = {
                "temperature over completion tokens, from the update's forward pass (TRL's). "
                "Falling towards 0 is entropy collapse: the G completions of a group become the "
                "same and stop teaching anything",
-    "clip_ratio/low_mean": "fraction of tokens with negative advantage clipped below 1 - epsilon_low",
-    "clip_ratio/high_mean": "fraction of tokens with positive advantage clipped above 1 + epsilon_high",
+    "clip_ratio/low_mean":
+        "fraction of tokens with negative advantage clipped below 1 - epsilon_low",
+    "clip_ratio/high_mean":
+        "fraction of tokens with positive advantage clipped above 1 + epsilon_high",
     "clip_ratio/region_mean": "fraction of tokens clipped on either side",
     "grad_norm": "gradient norm before clipping",
     "eval/accuracy": "greedy accuracy on the held-out set (only on evaluation steps)",
