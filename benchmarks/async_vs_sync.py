@@ -165,7 +165,8 @@ def packing_benchmark(num_batches: int) -> dict:
     layouts = {
         "one_pass": dict(token_budget=None),
         "token_budget_sorted": dict(token_budget=TOKEN_BUDGET),
-        "packed_block_diagonal": dict(token_budget=TOKEN_BUDGET, packed=True, row_tokens=ROW_TOKENS),
+        "packed_block_diagonal": dict(token_budget=TOKEN_BUDGET, packed=True,
+                                      row_tokens=ROW_TOKENS),
     }
     mixed_layouts = {
         "one_pass": dict(token_budget=None),

@@ -2,7 +2,7 @@
 (pi_old), TRL AsyncGRPOTrainer's `kl` (the k3 estimate of KL(pi_sampler || pi_theta), logged at
 every step as TRL does; with beta > 0 the reference KL is `ref_kl`), and, with
 `vllm_importance_sampling_correction`, TRL's correction of the sampler/trainer mismatch: each
-token's loss weighted by pi_old / pi_sampler, truncated or masked (grpo_lab.core.sampler_correction),
+token's loss weighted by pi_old / pi_sampler, truncated or masked (core/sampler_correction),
 and the ratio taken against pi_old. At staleness k the weights also carry the k versions' drift,
 and the clip is then around the current policy (AReaL's decoupled objective, Fu et al. 2025).
 """
