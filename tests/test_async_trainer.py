@@ -15,7 +15,7 @@ import torch
 from grpo_lab.core.generation import generate_completions, sample_from_ids
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
 from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.rollout.generators import Generator, LocalGenerator, trainable_state
+from grpo_lab.rollout.generators import Generator, LocalGenerator, is_peft_model
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
              progress=False, log_every=100, trainer_threads=1, generator_threads=1)
@@ -109,7 +109,7 @@ def test_stop_unblocks_a_worker_waiting_on_a_full_buffer(tiny_model_and_tokenize
     assert len(trainer.buffer) == trainer.buffer.maxsize
     # The worker goes on to generate the next batch (admission allows 3 ahead), then blocks in
     # put: it marks itself idle just before. Stop must end it wherever it is.
-    while trainer._worker_busy.is_set() and time.monotonic() < deadline:
+    while trainer.worker_busy and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)  # from "idle" to waiting inside put takes microseconds
     trainer.stop_steps(timeout_s=10)
@@ -127,8 +127,10 @@ def test_a_worker_error_surfaces_in_the_trainer(tiny_model_and_tokenizer):
 
 def test_synchronous_mode_runs_the_same_pipeline_without_a_thread(tiny_model_and_tokenizer):
     trainer = recording_trainer(tiny_model_and_tokenizer, asynchronous=False, token_budget=64)
-    records = step_records(trainer.train())
-    assert trainer._worker is None
+    worker_seen = []  # at every step: is a rollout worker thread running?
+    records = step_records(trainer.train(
+        callback=lambda record: worker_seen.append(trainer.worker_alive)))
+    assert len(worker_seen) == SMALL["steps"] and not any(worker_seen)
     assert trainer.generator.versions == [0, 1, 2, 3]
     for r in records:
         assert abs(r["ratio"] - 1) < 1e-3 and r["sample/staleness_max"] == 0
@@ -144,14 +146,19 @@ def test_local_generator_keeps_its_own_weights_and_versions(tiny_model_and_token
     assert gen.latest_version == 0
     trainer_ptrs = {p.data_ptr() for p in trainer.model.parameters()}
     assert not trainer_ptrs & {p.data_ptr() for p in gen.model.parameters()}  # no shared tensor
+    sampling = dict(num_generations=4, max_new_tokens=5, temperature=1.0)
+    torch.manual_seed(0)
+    before = gen.generate([[1, 4]], version=0, **sampling)
     with torch.no_grad():
         for p in trainer.model.parameters():
             if p.requires_grad:
                 p.add_(1.0)  # "train": the published snapshot of version 0 must not move
-    snapshot = gen._snapshots[0]
-    assert all(not torch.equal(snapshot[k], v) for k, v in trainable_state(trainer.model).items()
-               if "lora_B" in k)
-    for v in (1, 2, 3):
+    gen.publish(trainer.model, 1)
+    gen.generate([[1, 4]], version=1, **sampling)  # the copy now holds version 1 ...
+    torch.manual_seed(0)
+    after = gen.generate([[1, 4]], version=0, **sampling)  # ... and loads version 0 again
+    assert after.completion_ids == before.completion_ids and after.logprobs == before.logprobs
+    for v in (2, 3):
         gen.publish(trainer.model, v)
     assert gen.versions == [1, 2, 3] and gen.latest_version == 3  # max_staleness + 2 slots
     with pytest.raises(KeyError, match="version 0 not available"):
@@ -216,7 +223,7 @@ def test_merged_adapter_samples_like_the_unmerged_one(tiny_model_and_tokenizer):
                 p.normal_(0, 0.05)
     merged = LocalGenerator(trainer.model, tokenizer, merge_lora=True)
     plain = LocalGenerator(trainer.model, tokenizer, merge_lora=False)
-    assert merged._merged is not None and plain._merged is None
+    assert not is_peft_model(merged.model) and is_peft_model(plain.model)  # merged: plain
     outs = []
     for gen in (merged, plain):
         gen.publish(trainer.model, 0)

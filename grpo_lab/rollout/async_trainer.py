@@ -206,6 +206,12 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
     def worker_alive(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
 
+    @property
+    def worker_busy(self) -> bool:
+        """True while the rollout worker computes (stages 1-3); False while it waits, for
+        admission or for room in a full buffer (the trainer may then borrow its core)."""
+        return self._worker_busy.is_set()
+
     # ------------------------------------------------------------------ stage 4 (the trainer)
 
     def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions, dict]:
