@@ -101,6 +101,14 @@ NOTEBOOK_GOALS = {
         "slow producer: generation-bound":
             lambda r: r["slow_producer_bottleneck"] == "generation",
         "async run: trainer-bound": lambda r: r["async_bottleneck"] == "trainer",
+        "accuracy after: the mean of two checkpoints >= steps // 6 apart, the last at the end":
+            lambda r: r["accuracy_steps"][1] == r["steps"]
+            and r["accuracy_steps"][1] - r["accuracy_steps"][0] >= max(1, r["steps"] // 6),
+        "04.2: with the truncated correction the ratio is 1 (< 1e-6; uncorrected > 1e-4), the "
+        "weights stop at the cap and reach it, and the run gains 5 points":
+            lambda r: r["correction_run"]["ratio_deviation"] < 1e-6
+            < 1e-4 < r["correction_run"]["uncorrected_ratio_deviation"]
+            and r["correction_run"]["capped_steps"] > 0 and r["correction_run"]["gain"] >= 0.05,
     },
     "05_rollout_server_and_bucket": {
         "adapters_differ": lambda r: r["adapters_differ"],
