@@ -242,6 +242,26 @@ NOTEBOOK_GOALS = {
             lambda r: (len(r["gpu_parameters"]) == 8
                        and r["gpu_parameters"]["gradient_checkpointing"]),
     },
+    "10_when_training_goes_wrong": {
+        "high lr: entropy off the baseline's by 2x or more (collapse at 4 of 5 seeds, noise at 1)":
+            lambda r: not 0.5 * r["entropy_baseline"] <= r["entropy_high"]
+            <= 2 * r["entropy_baseline"],
+        "high lr: no signal left (zero-std groups and clipped completions >= 0.9)":
+            lambda r: r["zero_std_high"] >= 0.9 and r["clipped_high"] >= 0.9,
+        "baseline: entropy within 0.5x-1.5x of its start, clipped <= 0.1":
+            lambda r: 0.5 * r["entropy_start"] < r["entropy_baseline"] < 1.5 * r["entropy_start"]
+            and r["clipped_baseline"] <= 0.1,
+        "length bias in the gradient: grpo 1/(B L), dr_grpo 1/(B L_max)":
+            lambda r: r["grpo_push_is_1_over_BL"] and r["dr_grpo_push_is_constant"]
+            and r["length_spread"] >= 1.2,
+        "short cap: every completion cut at the cap, the format reward 0":
+            lambda r: r["clipped_short"] >= 0.9 and r["max_length_short"] == r["short_cap"]
+            and r["format_short"] == 0 and r["format_baseline"] >= 0.9,
+        "dynamic sampling: zero-signal share <= 0.05 (baseline >= 0.1), for more generation "
+        "(1.05x to the cap of rounds)":
+            lambda r: r["zero_std_baseline"] >= 0.1 and r["zero_std_dynamic"] <= 0.05
+            and 1.05 <= r["dynamic_cost"] <= r["dynamic_max_rounds"],
+    },
 }
 
 
