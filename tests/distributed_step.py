@@ -60,6 +60,11 @@ def main(path: str) -> None:
     if asynchronous.processes.is_main:
         with open(path, "w") as f:
             json.dump(result, f)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # a clean teardown: a process that exits
+        dist.barrier()  # while its peer still talks over gloo can abort it (SIGABRT)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
