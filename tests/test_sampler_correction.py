@@ -20,6 +20,7 @@ from grpo_lab.core.sampler_correction import (
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
 from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.generators import LocalGenerator
+from grpo_lab.rollout.sampler_pass import ProximalLogprobs
 from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches
 from grpo_lab.train.trainer import GRPOTrainer
 
@@ -257,9 +258,16 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
     batch, _, _ = trainer.collate(trainer.produce(0))
     micro_batches = make_micro_batches(batch, 48, packed=True, row_tokens=24)
     assert len(micro_batches) > 1
-    metrics = trainer.correct_for_sampler(batch, micro_batches)
+    # pi_old from the update's own forward, each micro-batch corrected before its loss.
+    proximal = ProximalLogprobs(trainer, batch)
+    loss, _ = accumulate_grpo_loss(trainer.model, micro_batches, temperature=1.0, backward=False,
+                                   max_completion_length=trainer.max_new_tokens,
+                                   on_logprobs=proximal)
+    metrics = trainer.sampler_metrics(batch, proximal.logps)
 
+    # ... the same numbers as a no-grad pass of its own (TRL's old_per_token_logps).
     trainer_logps = trainer.trainer_logprobs(batch, make_micro_batches(batch, None))
+    assert torch.allclose(proximal.logps, trainer_logps, atol=1e-6)
     weights = sampler_importance_weights(trainer_logps, batch.old_logps, batch.completion_mask,
                                          mode=mode, clip_max=1.05)
     # The cap bites (on the even rows' tokens or sequences), and not everywhere.
@@ -276,8 +284,6 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
         sampler_kl(trainer_logps, batch.old_logps, batch.completion_mask), abs=1e-7)
     assert metrics["kl"] > 1e-3
 
-    loss, _ = accumulate_grpo_loss(trainer.model, micro_batches, temperature=1.0, backward=False,
-                                   max_completion_length=trainer.max_new_tokens)
     logps = trainer.trainer_logprobs(batch, make_micro_batches(batch, None))
     whole, _ = core.grpo_loss(logps, trainer_logps, batch.advantages, batch.completion_mask,
                               max_completion_length=trainer.max_new_tokens,

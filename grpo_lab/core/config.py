@@ -72,6 +72,13 @@ class GRPOConfig:
     """Recompute activations in the backward pass: less memory, ~30 % more time per step."""
     num_threads: int | None = None
     """torch intra-op threads for this process (None = torch's default)."""
+    shared_prompt: bool = True
+    """Forward each prompt once for its group: its G completions in one row behind it, each
+    seeing the prompt and itself (grpo_lab.train.shared_prompt). The same logprobs, loss and
+    gradient up to float rounding from fewer tokens; sdpa and eager attention only."""
+    shared_prompt_max_tokens: int = 512
+    """Longest group row (prompt + G completions) laid out so; a batch with a longer one gets a
+    row per sequence (the row's mask and attention grow with its square)."""
 
     # --- the GRPO batch ---
     steps: int = 200
@@ -188,7 +195,7 @@ class GRPOConfig:
         if self.use_lora and self.lora_rank < 1:
             problems.append(f"lora_rank must be >= 1 (got {self.lora_rank})")
         for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every",
-                     "dynamic_sampling_max_rounds"):
+                     "dynamic_sampling_max_rounds", "shared_prompt_max_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

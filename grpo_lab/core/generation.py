@@ -6,10 +6,11 @@ with `--logprobs-mode processed_logprobs`, so the trainer can use them as the ol
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 from .prompts import Prompt, encode_prompts
 
@@ -92,6 +93,21 @@ def generate_completions(
                            do_sample=do_sample)
 
 
+def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                        num_generations: int) -> dict:
+    """The KV cache of each prompt but its last token, computed once and repeated for its G
+    rows, as `generate`'s keyword: `generate` then computes only the last column for every row.
+    prompt_ids, prompt_mask: (N, P) left padded, one row per distinct prompt."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    cache = DynamicCache()
+    mask = prompt_mask[:, :-1]
+    model(input_ids=prompt_ids[:, :-1], attention_mask=mask,
+          position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{name: cache})
+    cache.batch_repeat_interleave(num_generations)  # (N, ...) -> (N * G, ...), prompt-major
+    return {name: cache}
+
+
 @torch.no_grad()
 def sample_from_ids(
     model,
@@ -104,19 +120,25 @@ def sample_from_ids(
     do_sample: bool = True,
 ) -> Completions:
     """Sample from prompts given as token ids: the one sampling loop of grpo_lab's in-process
-    generators (the trainer, the evaluation and LocalGenerator all come here)."""
+    generators (the trainer, the evaluation and LocalGenerator all come here). With G > 1 each
+    prompt is prefilled once and its KV cache repeated for its G rows (`shared_prompt_cache`):
+    the same tokens and logprobs, up to float rounding, for 1/G of the prompt's compute."""
     device = next(model.parameters()).device
-    rows = [ids for ids in prompt_ids for _ in range(num_generations)]  # prompt-major
-    width = max(map(len, rows))
+    width = max(map(len, prompt_ids))
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-    attention_mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows]))
-    attention_mask = attention_mask.long().to(device)  # (B, P): 0 on the left padding
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompt_ids], device=device)
+    mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in prompt_ids]))
+    mask = mask.long().to(device)  # (N, P): 0 on the left padding
+    cache = {}
+    if num_generations > 1 and width > 1:
+        cache = shared_prompt_cache(model, ids, mask, num_generations)
     out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=ids.repeat_interleave(num_generations, 0),  # (B, P), prompt-major
+        attention_mask=mask.repeat_interleave(num_generations, 0),
         generation_config=sampling_config(tokenizer, max_new_tokens, temperature, do_sample),
+        **cache,
     )
+    rows = [r for r in prompt_ids for _ in range(num_generations)]
     new_ids = out.sequences[:, width:]  # (B, T_new)
     scores = torch.stack(out.scores, dim=1).float()  # (B, T_new, V) logits after temperature
     token_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)

@@ -160,7 +160,10 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     option) gives the gradient of KL(pi_theta || pi_ref), even at ratio 1.
     """
     delta = ref_logps - logps
-    return torch.exp(delta) - delta - 1
+    # expm1(d) - d is exp(d) - 1 - d without the cancellation of exp(d) - 1 near d = 0: never
+    # below 0 in float32 (exp(d) - d - 1 gives -1e-8 or so when the two logprobs differ by
+    # rounding), the same value otherwise.
+    return torch.expm1(delta) - delta
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,14 +24,14 @@ import torch
 
 from ..core.generation import Completions
 from ..core.prompts import encode_prompts
-from ..train.packing import accumulate_grpo_loss, make_micro_batches
+from ..train.packing import accumulate_grpo_loss
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
 from .async_metrics import async_reward_names, buffer_metrics, inline_metrics
 from .buffer import RolloutBuffer
 from .config import AsyncGRPOConfig
 from .generators import Generator, LocalGenerator
 from .groups import ScoredGroup, concat_groups, split  # noqa: F401 (split: tests/distributed_step)
-from .sampler_pass import SamplerPass
+from .sampler_pass import ProximalLogprobs, SamplerPass
 
 
 class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
@@ -204,30 +204,32 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
         """Stage 4 over token-budget micro-batches; same loss and gradient as one pass."""
         cfg = self.config
-        micro_batches = make_micro_batches(batch, cfg.token_budget, packed=cfg.pack_sequences,
+        micro_batches = self.micro_batches(batch, cfg.token_budget, packed=cfg.pack_sequences,
                                            row_tokens=cfg.pack_row_tokens)
         ref_logps = None
         if cfg.beta > 0:
             with self.reference() as ref:
                 ref_logps = self._no_grad_logprobs(ref, micro_batches, pick_threads=False)
-        correction = self.correct_for_sampler(batch, micro_batches)
-        if self.processes.distributed:  # the step's, over every process's share
-            correction = self.processes.combine_metrics(correction,
-                                                        float(batch.completion_mask.sum()))
+        # pi_old: the first update's forward, before any change (and the correction with it).
+        proximal = ProximalLogprobs(self, batch)
         metrics: dict[str, float] = {}
         optimizer_s = 0.0
-        for _ in range(cfg.num_iterations):
+        for iteration in range(cfg.num_iterations):
             loss, metrics = accumulate_grpo_loss(
                 self.train_model, micro_batches, temperature=cfg.temperature,
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
                 max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
-                processes=self.processes)
+                on_logprobs=proximal if iteration == 0 else None, processes=self.processes)
             start = time.perf_counter()
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
             optimizer_s += time.perf_counter() - start
         if "kl" in metrics:  # beta > 0: grpo_loss's reference KL; `kl` is the sampler's here
             metrics["ref_kl"] = metrics.pop("kl")
+        correction = self.sampler_metrics(batch, proximal.logps)
+        if self.processes.distributed:  # the step's, over every process's share
+            correction = self.processes.combine_metrics(correction,
+                                                        float(batch.completion_mask.sum()))
         metrics.update(correction)
         metrics["perf/optimizer_s"] = optimizer_s
         metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))

@@ -25,8 +25,8 @@ class AsyncGRPOConfig(GRPOConfig):
     """Groups (one prompt's G completions) the rollout buffer holds; None = prompts_per_step."""
     vllm_importance_sampling_correction: bool = False
     """As TRL's AsyncGRPOTrainer, which has no such correction: the ratio is taken against the
-    sampler's own logprobs (stale by up to max_staleness versions). True: one more no-grad pass
-    scores the samples with the trainer's weights (pi_old), the ratio is taken against those and
+    sampler's own logprobs (stale by up to max_staleness versions). True: the ratio is taken
+    against the trainer's weights before the update (pi_old, from the update's own forward) and
     each token is weighted by pi_old / pi_sampler, truncated or masked (AReaL's decoupled
     objective; grpo_lab.core.sampler_correction). TRL's `kl` (sampler vs policy) is logged
     either way."""

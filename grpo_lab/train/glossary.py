@@ -70,8 +70,8 @@ METRICS: dict[str, str] = {
     "grad_norm": "gradient norm before clipping",
     "eval/accuracy": "greedy accuracy on the held-out set (only on evaluation steps)",
     "perf/step_s": "wall seconds of the step",
-    "perf/fwd_bwd_s": "seconds of the step's forward and backward passes, the no-grad ones "
-                      "(pi_old, the reference) included; the synchronous trainer counts the "
+    "perf/fwd_bwd_s": "seconds of the step's forward and backward passes, the reference's "
+                      "no-grad one (beta > 0) included; the synchronous trainer counts the "
                       "optimizer step in it too, the asynchronous one logs it apart",
     # --- synchronous trainer only ---
     "perf/generate_s": "seconds spent sampling the step's completions (sync trainer)",
@@ -168,8 +168,8 @@ TRL_ASYNC_NAMES: list[TRLName] = [  # grpo_lab's AsyncGRPOTrainer and TRL's Asyn
     TRLName("sampling/*", None, False, "GRPOTrainer's names (vllm_importance_sampling_correction)"),
     TRLName("eval/accuracy", None, False, "TRL's asynchronous trainer does not evaluate"),
     TRLName("perf/step_s", "perf/step_s", True, "TRL: from one step's end to the next's"),
-    TRLName("perf/fwd_bwd_s", "perf/fwd_bwd_s", True, "grpo_lab's also counts its no-grad "
-            "passes, which TRL does not make"),
+    TRLName("perf/fwd_bwd_s", "perf/fwd_bwd_s", True, "grpo_lab's also counts the "
+            "reference's no-grad pass (beta > 0)"),
     TRLName(None, "perf/fwd_s", False, "the forward part alone"),
     TRLName("perf/optimizer_s", "perf/optimizer_s", True),
     TRLName("perf/generate_s", None, False, "`asynchronous=False` only"),

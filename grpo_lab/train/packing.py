@@ -232,6 +232,7 @@ def accumulate_grpo_loss(
     max_completion_length: int | None = None,
     backward: bool = True,
     before_each: Callable[[MicroBatch], None] | None = None,
+    on_logprobs: Callable[[MicroBatch, torch.Tensor], None] | None = None,
     processes=None,
 ) -> tuple[float, dict[str, float]]:
     """Forward (and backward) every micro-batch; returns the step's loss and metrics.
@@ -240,6 +241,9 @@ def accumulate_grpo_loss(
     Dr. GRPO) or tokens (DAPO), so the accumulated gradient is the whole batch's. The metrics are
     masked means over tokens, weighted by the micro-batch's share of the step's tokens.
     `before_each` runs before each forward pass (the async trainer uses it to pick thread counts).
+    `on_logprobs(mb, logps)` gets each micro-batch's logprobs, detached, between its forward and
+    its loss: the policy's before this step's update, so a hook may set the micro-batch's
+    `old_logps` and `advantages` from them (grpo_lab.rollout.sampler_pass) at no extra pass.
     `processes` (grpo_lab.train.distributed.Processes, several under `accelerate launch`): the
     micro-batches are this process's share of the step; `model` is the wrapped (DDP/FSDP2) one.
     """
@@ -264,6 +268,8 @@ def accumulate_grpo_loss(
         # Several processes: gradients sync once, after the last pass.
         with processes.no_sync(model, sync=k == passes - 1) if distributed else nullcontext():
             logps, entropy = mb.logprobs_and_entropy(model, temperature)
+            if on_logprobs is not None and real:
+                on_logprobs(mb, logps.detach())
             loss, mb_metrics = grpo_loss(
                 logps, mb.old_logps, mb.advantages, mb.completion_mask, loss_type=loss_type,
                 epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,

@@ -24,12 +24,7 @@ from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
 from ..core.generation import Completions, generate_completions
-from ..core.grpo_loss import (
-    group_advantages,
-    grpo_loss,
-    policy_logprobs,
-    policy_logprobs_and_entropy,
-)
+from ..core.grpo_loss import group_advantages, grpo_loss
 from ..core.models import load_model_and_tokenizer
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
@@ -48,6 +43,7 @@ from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from h
     rollout_metrics,
 )
 from .samples import CompletionLog
+from .shared_prompt import layout_micro_batches, supports_shared_prompt
 
 
 class GRPOTrainer:
@@ -82,6 +78,7 @@ class GRPOTrainer:
         self.prompt_format = {"system_prompt": config.system_prompt,
                               "chat_template": config.chat_template}
         self.model = self._prepare_model(model.to(self.device))
+        self.share_prompts = config.shared_prompt and supports_shared_prompt(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
                                            betas=(0.9, config.adam_beta2),
@@ -166,12 +163,19 @@ class GRPOTrainer:
                 with self.model.disable_adapter():
                     yield self.model
 
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+    def reference_logprobs(self, mb) -> torch.Tensor | None:
         if self.config.beta == 0:
             return None
         with self.reference() as ref:
-            return policy_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                   batch.completion_mask, self.config.temperature)
+            return mb.logprobs(ref, self.config.temperature)
+
+    def micro_batches(self, batch: RolloutBatch, token_budget: int | None = None, **packing):
+        """The batch laid out for forward passes: a row per group when `share_prompts`
+        (grpo_lab.train.shared_prompt), else a row per sequence (or `packing`'s layout)."""
+        cfg = self.config
+        return layout_micro_batches(
+            batch, token_budget, group_size=cfg.num_generations if self.share_prompts else None,
+            max_row_tokens=cfg.shared_prompt_max_tokens, **packing)
 
     def apply_gradients(self) -> float:
         """Clip the gradients, set this step's learning rate, take the optimizer step; returns
@@ -194,16 +198,15 @@ class GRPOTrainer:
         the weights are 1 up to float rounding: the `sampling/*` metrics show that gap.
         """
         cfg = self.config
-        ref_logps = self.reference_logprobs(batch)
+        mb = self.micro_batches(batch)[0]  # the whole batch in one forward, rows in batch order
+        ref_logps = self.reference_logprobs(mb)
         old_logps, weights, correction = batch.old_logps, None, {}
         metrics: dict[str, float] = {}
         # Several processes: this process's share of the step's loss (one process: 1).
         scale, _ = self.processes.loss_scale(cfg.loss_type, batch.completion_mask.shape[0],
                                              int(batch.completion_mask.sum()))
         for iteration in range(cfg.num_iterations):
-            logps, entropy = policy_logprobs_and_entropy(
-                self.train_model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                batch.completion_mask, cfg.temperature)
+            logps, entropy = mb.logprobs_and_entropy(self.train_model, cfg.temperature)
             if cfg.vllm_importance_sampling_correction and iteration == 0:
                 # Before any update the policy is pi_old: its logprobs, fixed for every iteration.
                 old_logps = logps.detach()
