@@ -376,7 +376,11 @@ def test_altered_loss_does_not_match(trainer, model, batch, alteration):
 # `_compute_loss` applies the weights. grpo_lab's `sampler_importance_weights` and `grpo_loss`
 # get the same tensors.
 
-IS_TOL = 1e-6  # the bar for the correction: weights, loss, gradients, metrics
+IS_TOL = 1e-6  # the bar for the correction: weights, loss, metrics
+# Gradients are float32 sums over every token of the batch, in a different order on each side:
+# with beta > 0 they agree to ~2e-6 of their largest entry on some CPUs (2.9e-6 at 1.44 on one
+# AVX-512 host, under 1e-6 on others). The loss is held to IS_TOL.
+IS_GRAD_TOL = 1e-5
 IS_SETTINGS = {  # id: (mode, clip_max, clip_min)
     "token_truncate": ("token_truncate", 2.0, None),
     "token_mask": ("token_mask", 2.0, None),
@@ -520,8 +524,10 @@ def test_corrected_loss_matches_trl(trainer, model, batch, sampler_logps, loss_t
         assert abs(trl_loss.item() - ours.item()) <= IS_TOL, (trl_loss.item(), ours.item())
         assert abs(trl_loss.item() - uncorrected.item()) > 100 * IS_TOL  # the weights matter
         trl_grads, our_grads = gradients(model, trl_loss), gradients(model, ours)
-        for name in our_grads:
-            torch.testing.assert_close(trl_grads[name], our_grads[name], atol=IS_TOL, rtol=0)
+        for name in our_grads:  # float32 sums: within IS_GRAD_TOL of the largest entry
+            scale = max(1.0, trl_grads[name].abs().max().item())
+            torch.testing.assert_close(trl_grads[name], our_grads[name],
+                                       atol=IS_GRAD_TOL * scale, rtol=0)
         for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
             assert last_metric(trainer, name) == pytest.approx(metrics[name], abs=IS_TOL)
         if beta:
