@@ -14,10 +14,17 @@ What is measured, in the same run and against the same upstreams:
   upstreams) and through the proxy; "added latency" = proxy p50 - direct p50.
 - throughput, 128 requests in flight: requests/s over a fixed window, directly and through the
   proxy, with latency percentiles.
+- two proxies side by side, one per event loop (`--event-loop`, ProxyConfig.event_loop): uvloop
+  (the default, whose numbers are the proxy's) and asyncio's; `uvloop_vs_asyncio` holds the
+  ratios of their requests/s and CPU per request at 128 in flight.
+- with `--pin` (2+ cores; off by default, every process may run on any core): the proxies run
+  on the last core, the client and the stubs on the others (os.sched_setaffinity), as a proxy
+  runs beside its clients: the proxy's own cost then sets its throughput, not the share of a
+  core the scheduler gives it.
 Prompts are 144 token ids (9 KV blocks) drawn from 256 GRPO-like prompts that share a 23-token
 template, under an adapter name, so the proxy parses, hashes and routes every request as in a run.
-The client shares the 2 cores with the proxy and the upstreams, and nothing else is stopped
-while it runs: the load average is recorded next to the numbers (before each round), and for
+Nothing else on the machine is stopped while it runs: the load average is recorded next to the
+numbers (before each round), and for
 the 128-in-flight run through the proxy `proxy_cpu_share` says how many cores the proxy process
 used in the measured window (1.0 = one full core) and `proxy_cpu_us_per_request` how much CPU
 time (user + system) it spent per request. The proxy is one process on one core, so
@@ -42,7 +49,13 @@ import sys
 import time
 from pathlib import Path
 
+try:  # the client and the stubs run on uvloop too where it is installed: less of their CPU
+    from uvloop import run as run_loop
+except ImportError:
+    run_loop = asyncio.run
+
 GOALS = {"added_latency_p50_ms": 0.25, "proxy_rps_at_128": 6000.0}
+EVENT_LOOPS = ("uvloop", "asyncio")  # the proxy's two event loops (ProxyConfig.event_loop)
 TEMPLATE = list(range(151_000, 151_023))  # 23 shared tokens, as the blog's chat template
 
 
@@ -96,7 +109,7 @@ def serve_stub(port_file: str) -> None:
         Path(port_file).write_text(str(server.sockets[0].getsockname()[1]))
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    run_loop(main())
 
 
 # ---------------------------------------------------------------- the client
@@ -115,10 +128,10 @@ def make_requests(n_prompts: int = 256, seed: int = 0) -> list[bytes]:
 
 async def _post(reader, writer, body: bytes) -> tuple[int, float]:
     """POST one completion on a keep-alive connection; (status, seconds until the answer)."""
+    t0 = time.perf_counter()  # before the write: uvloop may send it (and the peer answer) at once
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
                  b"Content-Type: application/json\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-    t0 = time.perf_counter()
     status = await _read_reply(reader)
     return status, time.perf_counter() - t0
 
@@ -172,19 +185,23 @@ async def run_load(urls: list[str], bodies: list[bytes], concurrency: int, secon
     return out
 
 
-async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: int = 200) -> dict:
-    """One request in flight; with several URLs, alternate between them (one connection each)."""
+async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: int = 200,
+                         cpu_pid: int | None = None) -> dict:
+    """One request in flight; with several URLs, alternate between them (one connection each).
+    With `cpu_pid`, also that process's CPU time per request: its own work on the request's
+    path, which the added latency holds besides the two extra hops between processes."""
     conns = []
     for url in urls:
         host, port = url.removeprefix("http://").split(":")
         conns.append(await asyncio.open_connection(host, int(port)))
     rng = random.Random(1)
     latencies, errors = [], 0
-    t_start = None
+    t_start = cpu_before = None
     try:
         for i in range(warmup + n):
             if i == warmup:
                 t_start = time.perf_counter()
+                cpu_before = cpu_seconds(cpu_pid) if cpu_pid else None
             reader, writer = conns[i % len(conns)]
             status, latency = await _post(reader, writer, bodies[rng.randrange(len(bodies))])
             if i >= warmup:
@@ -193,7 +210,11 @@ async def run_sequential(urls: list[str], bodies: list[bytes], n: int, warmup: i
     finally:
         for _, writer in conns:
             writer.close()
-    return summarize(latencies, time.perf_counter() - t_start, errors)
+    out = summarize(latencies, time.perf_counter() - t_start, errors)
+    cpu_after = cpu_seconds(cpu_pid) if cpu_pid else None
+    if cpu_before is not None and cpu_after is not None:
+        out["proxy_cpu_us_per_request"] = round(1e6 * (cpu_after - cpu_before) / n, 1)
+    return out
 
 
 def summarize(latencies: list[float], elapsed: float, errors: int) -> dict:
@@ -236,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--rounds", type=int, default=2, help="direct/proxy pairs to run")
     parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--pin", action="store_true",
+                        help="the proxies on the last core, the client and the stubs on the others")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "proxy_overhead.json")
     parser.add_argument("--serve-stub", help=argparse.SUPPRESS)
@@ -251,32 +274,46 @@ def main(argv: list[str] | None = None) -> int:
     n_seq, seconds = (1000, 3.0) if args.quick else (3000, 8.0)
     bodies = make_requests()
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    stubs, proxy = [], None
+    cores = sorted(os.sched_getaffinity(0))
+    pin = args.pin and len(cores) >= 2
+    proxy_cores, client_cores = ({cores[-1]}, set(cores[:-1])) if pin else (set(cores), set(cores))
+    stubs, proxies = [], {}
     load_before = os.getloadavg()
     try:
         stubs = [start_stub(tmp, k) for k in range(2)]
         upstreams = [url for _, url in stubs]
-        proxy = start_proxy_process(upstreams, stats_every_s=0, log_path=tmp / "proxy.log",
-                                    env={"OMP_NUM_THREADS": "1"})
+        for loop in EVENT_LOOPS:  # uvloop first: the proxy as it runs by default
+            proxies[loop] = start_proxy_process(
+                upstreams, stats_every_s=0, event_loop=loop, log_path=tmp / f"proxy-{loop}.log",
+                env={"OMP_NUM_THREADS": "1"})
+        if pin:
+            for handle in proxies.values():
+                os.sched_setaffinity(handle.pid, proxy_cores)
+            for proc, _ in stubs:
+                os.sched_setaffinity(proc.pid, client_cores)
+            os.sched_setaffinity(0, client_cores)
+        targets = [("direct", upstreams, None)] + [
+            (f"proxy_{loop}", [handle.url], handle.pid) for loop, handle in proxies.items()]
         rounds = []
         for r in range(args.rounds):
             row = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
-            for name, urls in (("direct", upstreams), ("proxy", [proxy.url])):
-                row[f"{name}_c1"] = asyncio.run(run_sequential(urls, bodies, n_seq))
-                row[f"{name}_c{args.concurrency}"] = asyncio.run(run_load(
-                    urls, bodies, args.concurrency, seconds,
-                    cpu_pid=proxy.pid if name == "proxy" else None))
-            row["added_latency_p50_ms"] = round(row["proxy_c1"]["p50_ms"]
-                                                - row["direct_c1"]["p50_ms"], 3)
+            for name, urls, pid in targets:
+                row[f"{name}_c1"] = run_loop(run_sequential(urls, bodies, n_seq, cpu_pid=pid))
+                row[f"{name}_c{args.concurrency}"] = run_loop(run_load(
+                    urls, bodies, args.concurrency, seconds, cpu_pid=pid))
+            for loop in EVENT_LOOPS:
+                row[f"added_latency_p50_ms_{loop}"] = round(
+                    row[f"proxy_{loop}_c1"]["p50_ms"] - row["direct_c1"]["p50_ms"], 3)
             rounds.append(row)
             print(f"round {r + 1}: " + json.dumps(row))
         import urllib.request
 
-        with urllib.request.urlopen(proxy.url + "/proxy/stats", timeout=10) as reply:
+        with urllib.request.urlopen(proxies["uvloop"].url + "/proxy/stats", timeout=10) as reply:
             stats = json.loads(reply.read())
     finally:
-        if proxy is not None:
-            proxy.stop()
+        os.sched_setaffinity(0, set(cores))
+        for handle in proxies.values():
+            handle.stop()
         for proc, _ in stubs:
             proc.terminate()
             proc.wait(10)
@@ -291,30 +328,44 @@ def main(argv: list[str] | None = None) -> int:
         got = [v for v in values(key, field) if v is not None]
         return round(statistics.median(got), 3) if got else None
 
-    added = median("added_latency_p50_ms")
-    proxy_rps = median(f"proxy_{c}", "rps")
+    def ratios(field: str) -> list[float]:  # uvloop / asyncio, round by round
+        return [round(r[f"proxy_uvloop_{c}"][field] / r[f"proxy_asyncio_{c}"][field], 3)
+                for r in rounds]
+
+    added = median("added_latency_p50_ms_uvloop")
+    proxy_rps = median(f"proxy_uvloop_{c}", "rps")
     errors = sum(r[k]["errors"] for r in rounds for k in r if isinstance(r[k], dict))
     results = {
         "what": "grpo-lab proxy in front of 2 instant stub upstreams, loopback, separate processes",
         "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                    "proxy_cores": sorted(proxy_cores), "client_and_stub_cores":
+                    sorted(client_cores)},
         "requests": {"prompt_tokens": 144, "response_bytes": len(_completion_body())},
         "concurrency": args.concurrency,
         "rounds": rounds,
         "summary": {
             "added_latency_p50_ms": added,
+            "added_latency_p50_ms_asyncio": median("added_latency_p50_ms_asyncio"),
             "direct_p50_ms_c1": median("direct_c1", "p50_ms"),
-            "proxy_p50_ms_c1": median("proxy_c1", "p50_ms"),
+            "proxy_p50_ms_c1": median("proxy_uvloop_c1", "p50_ms"),
+            "proxy_cpu_us_per_request_c1": median("proxy_uvloop_c1", "proxy_cpu_us_per_request"),
             f"direct_rps_{c}": median(f"direct_{c}", "rps"),
             f"proxy_rps_{c}": proxy_rps,
-            f"proxy_p50_ms_{c}": median(f"proxy_{c}", "p50_ms"),
-            f"proxy_cpu_share_{c}": median(f"proxy_{c}", "proxy_cpu_share"),
-            f"proxy_cpu_us_per_request_{c}": median(f"proxy_{c}", "proxy_cpu_us_per_request"),
+            f"proxy_p50_ms_{c}": median(f"proxy_uvloop_{c}", "p50_ms"),
+            f"proxy_cpu_share_{c}": median(f"proxy_uvloop_{c}", "proxy_cpu_share"),
+            f"proxy_cpu_us_per_request_{c}": median(f"proxy_uvloop_{c}",
+                                                    "proxy_cpu_us_per_request"),
+            f"asyncio_proxy_rps_{c}": median(f"proxy_asyncio_{c}", "rps"),
+            f"asyncio_proxy_cpu_us_per_request_{c}": median(f"proxy_asyncio_{c}",
+                                                            "proxy_cpu_us_per_request"),
+            "uvloop_vs_asyncio": {"rps_ratio": ratios("rps"),
+                                  "cpu_per_request_ratio": ratios("proxy_cpu_us_per_request")},
             "errors": errors,
-            "spread": {"added_latency_p50_ms": [min(values("added_latency_p50_ms")),
-                                                max(values("added_latency_p50_ms"))],
-                       f"proxy_rps_{c}": [min(values(f"proxy_{c}", "rps")),
-                                          max(values(f"proxy_{c}", "rps"))]},
+            "spread": {"added_latency_p50_ms": [min(values("added_latency_p50_ms_uvloop")),
+                                                max(values("added_latency_p50_ms_uvloop"))],
+                       f"proxy_rps_{c}": [min(values(f"proxy_uvloop_{c}", "rps")),
+                                          max(values(f"proxy_uvloop_{c}", "rps"))]},
         },
         "goals": {"added_latency_p50_ms <= 0.25": added <= GOALS["added_latency_p50_ms"],
                   f"proxy_rps_{c} >= 6000": proxy_rps >= GOALS["proxy_rps_at_128"],

@@ -46,7 +46,8 @@ def test_config_fields_documented_and_cli_flags():
                        ({"upstreams": ["a:1"]}, "not an http"),
                        ({"upstreams": ["http://a:1", "http://a:1/"]}, "distinct"),
                        ({"upstreams": ["http://a:1"], "lora_retry_s": 0}, "lora_retry_s"),
-                       ({"upstreams": ["http://a:1"], "routing": "random"}, "routing")]:
+                       ({"upstreams": ["http://a:1"], "routing": "random"}, "routing"),
+                       ({"upstreams": ["http://a:1"], "event_loop": "tokio"}, "event_loop")]:
         with pytest.raises(ValueError, match=words):
             ProxyConfig(**bad)
 
@@ -240,8 +241,10 @@ def test_known_paths_with_another_method_answer_like_fastapi():
     run(body())
 
 
-def test_proxy_process_from_the_cli(tmp_path):
-    """`grpo-lab proxy` as a separate process, started and stopped by `start_proxy_process`."""
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_proxy_process_from_the_cli(tmp_path, event_loop):
+    """`grpo-lab proxy` as a separate process, started and stopped by `start_proxy_process`, on
+    either event loop."""
 
     async def body():
         stubs = [await StubReplica(f"r{i}").start() for i in range(2)]
@@ -251,7 +254,7 @@ def test_proxy_process_from_the_cli(tmp_path):
             proxy = await loop.run_in_executor(None, lambda: start_proxy_process(
                 [s.url for s in stubs], env={"GRPO_LAB_TEST_TOKEN": "tok"},
                 upstream_token_env="GRPO_LAB_TEST_TOKEN", health_interval_s=0.1,
-                log_path=tmp_path / "proxy.log"))
+                event_loop=event_loop, log_path=tmp_path / "proxy.log"))
             import aiohttp
 
             async with aiohttp.ClientSession() as session:
@@ -269,7 +272,9 @@ def test_proxy_process_from_the_cli(tmp_path):
             for s in stubs:
                 await s.stop()
         assert proxy.proc.returncode is not None  # stopped, not left running
-        assert "GRPO_LAB_PROXY_READY" in proxy.log_text()
+        ready = next(line for line in proxy.log_text().splitlines()
+                     if line.startswith("GRPO_LAB_PROXY_READY"))
+        assert ready.endswith(f"event_loop={event_loop}")
 
     run(body(), timeout_s=120)
 

@@ -170,10 +170,19 @@ async def run_proxy(config: ProxyConfig) -> None:
     # garbage collection would walk (a 100+ ms pause). Move them out of the collector's sight.
     gc.collect()
     gc.freeze()
-    print(f"{READY_MARKER} http://{config.host}:{port} upstreams={','.join(config.upstreams)}",
-          flush=True)
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
+    print(f"{READY_MARKER} http://{config.host}:{port} upstreams={','.join(config.upstreams)} "
+          f"event_loop={loop}", flush=True)
     await serve_until_signalled(runner)
 
 
 def serve_proxy(config: ProxyConfig) -> None:
-    asyncio.run(run_proxy(config))
+    run = asyncio.run
+    if config.event_loop == "uvloop":
+        try:
+            import uvloop  # libuv's event loop, a drop-in for asyncio's
+        except ImportError:
+            print("uvloop is not installed: the proxy runs on asyncio's event loop", flush=True)
+        else:
+            run = uvloop.run
+    run(run_proxy(config))

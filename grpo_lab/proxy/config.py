@@ -15,6 +15,7 @@ LOCAL_HEALTH_TIMEOUT_S, LOCAL_HEALTH_FAILURES = 5.0, 2
 """Mark-down defaults when every upstream is on this machine: a stalled replica leaves fast."""
 REMOTE_HEALTH_TIMEOUT_S, REMOTE_HEALTH_FAILURES = 20.0, 5
 """Mark-down defaults when an upstream is remote (behind HF Jobs' public proxy): patient."""
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 def is_loopback(url: str) -> bool:
@@ -75,6 +76,10 @@ class ProxyConfig(RouterConfig):
     """Print the routing counters every S seconds (0 = never)."""
     max_request_bytes: int = 16 * 2**20
     """Largest request body accepted (413 above)."""
+    event_loop: str = "uvloop"
+    """The event loop the proxy runs on: `uvloop` (libuv's: less CPU per request, measured in
+    benchmarks/proxy_overhead.py) or `asyncio` (the standard library's). Where uvloop is not
+    installed (Windows) the proxy says so and runs on asyncio's."""
 
     def __post_init__(self):
         self.upstreams = [u.rstrip("/") for u in self.upstreams]
@@ -103,6 +108,9 @@ class ProxyConfig(RouterConfig):
         for name in ("conn_limit", "health_failures", "max_request_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.event_loop not in EVENT_LOOPS:
+            problems.append(f"event_loop must be one of {', '.join(EVENT_LOOPS)} "
+                            f"(got {self.event_loop!r})")
         if not 0 <= self.port < 65536:
             problems.append(f"port must be in 0..65535 (got {self.port})")
         if problems:
