@@ -1,6 +1,7 @@
 """The synchronous trainer: config validation, a short real run, saved adapter files."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -126,6 +127,31 @@ def test_full_finetune_with_kl_and_several_iterations_moves_the_ratio():
     assert "kl" in last and last["kl"] >= 0
     # the second update of a batch scores a policy that already moved: ratio != 1 somewhere
     assert any(abs(r["ratio"] - 1) > 1e-6 for r in records if "ratio" in r)
+
+
+def test_use_bias_correction_kl_reaches_the_update():
+    """`GRPOConfig.use_bias_correction_kl` (TRL's option) changes the trained weights once the
+    policy has left the reference, both trainers pass it on, and runs without it repeat
+    exactly (so the difference is the option's)."""
+    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
+    from grpo_lab.rollout.config import AsyncGRPOConfig
+
+    def weights_after(trainer_class, config_class, **option):
+        torch.manual_seed(0)
+        trainer = trainer_class(config_class(**SMALL, use_lora=False, learning_rate=1e-3,
+                                             beta=0.5, seed=0, **option))
+        trainer.train()
+        return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+    for trainer_class, config_class in ((GRPOTrainer, GRPOConfig),
+                                        (AsyncGRPOTrainer, AsyncGRPOConfig)):
+        if config_class is AsyncGRPOConfig:  # its loop without the worker thread: repeatable
+            config_class = partial(AsyncGRPOConfig, asynchronous=False)
+        plain = weights_after(trainer_class, config_class)
+        again = weights_after(trainer_class, config_class, use_bias_correction_kl=False)
+        corrected = weights_after(trainer_class, config_class, use_bias_correction_kl=True)
+        assert torch.equal(plain, again), trainer_class.__name__
+        assert (plain - corrected).abs().max() > 1e-6, trainer_class.__name__
 
 
 def test_format_step_has_fixed_keys():

@@ -113,6 +113,10 @@ class GRPOConfig:
     """Upper clip range: ratio is clipped at 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
     beta: float = 0.0
     """KL penalty weight against the initial policy (0 = no reference model)."""
+    use_bias_correction_kl: bool = False
+    """TRL's option of that name: weigh the k3 KL term by the ratio pi_theta / pi_old. The same
+    value at ratio 1, but the gradient of KL(pi_theta || pi_ref) instead of k3's own
+    KL(pi_ref || pi_theta) (notebook 01b derives both). Only with beta > 0."""
     num_iterations: int = 1
     """mu: optimizer updates on each batch of rollouts (ratio != 1 from the second on)."""
     vllm_importance_sampling_correction: bool = True

@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from ..core.generation import Completions
+from ..core.grpo_loss import group_advantages
 from ..core.prompts import encode_prompts
 from ..train.packing import accumulate_grpo_loss
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
@@ -90,7 +91,9 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         out = self.generator.generate(  # Stage 1
             prompt_ids, version=version, num_generations=cfg.num_generations,
             max_new_tokens=self.max_new_tokens, temperature=cfg.temperature)
-        rewards, advantages, parts = self.score(problems, out)  # Stages 2-3
+        rewards, parts = self.score(problems, out)  # Stage 2
+        advantages = group_advantages(rewards, cfg.num_generations,  # Stage 3, group by group
+                                      scale_by_std=cfg.scale_rewards)
         self._counters["gen_s"] += time.perf_counter() - start
         self._counters["gen_tokens"] += out.num_tokens
         G = cfg.num_generations
@@ -220,7 +223,8 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
                 max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
-                on_logprobs=proximal if iteration == 0 else None, processes=self.processes)
+                on_logprobs=proximal if iteration == 0 else None, processes=self.processes,
+                use_bias_correction_kl=cfg.use_bias_correction_kl)
             start = time.perf_counter()
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
             optimizer_s += time.perf_counter() - start

@@ -234,6 +234,7 @@ def accumulate_grpo_loss(
     before_each: Callable[[MicroBatch], None] | None = None,
     on_logprobs: Callable[[MicroBatch, torch.Tensor], None] | None = None,
     processes=None,
+    use_bias_correction_kl: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """Forward (and backward) every micro-batch; returns the step's loss and metrics.
 
@@ -275,6 +276,7 @@ def accumulate_grpo_loss(
                 epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
                 ref_logps=None if ref_logps is None else ref_logps[k if real else 0],
                 max_completion_length=max_len, entropy=entropy,
+                use_bias_correction_kl=use_bias_correction_kl,
             )
             if backward and not distributed:
                 (loss * share).backward()

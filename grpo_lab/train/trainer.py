@@ -135,22 +135,20 @@ class GRPOTrainer:
             temperature=self.config.temperature, **self.prompt_format,
         )
         self.model.train()
-        rewards, _, parts = self.score(problems, out)
+        rewards, parts = self.score(problems, out)
         return SampledGroups(problems, out, rewards, parts)
 
     def score(self, problems: list[Problem], out: Completions
-              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Stages 2-3: (rewards, advantages, each reward function's scores), each (B,), for G
-        completions per problem."""
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Stage 2: (rewards, each reward function's scores), each (B,), for G completions per
+        problem. The advantages (stage 3) come once the step's groups are chosen (`make_batch`;
+        with dynamic sampling some are dropped first)."""
         G = self.config.num_generations
-        # Stage 2: the weighted sum of the reward functions, one value per completion (answers
-        # and prompts repeated G times, prompt-major).
+        # The weighted sum of the reward functions, one value per completion (answers and
+        # prompts repeated G times, prompt-major).
         answers = [p.answer for p in problems for _ in range(G)]
         prompts = [p.prompt for p in problems for _ in range(G)]
-        rewards, parts = self.rewards.score(out.texts, answers, prompts)
-        # Stage 3: group-relative advantages.
-        advantages = group_advantages(rewards, G, scale_by_std=self.config.scale_rewards)
-        return rewards, advantages, parts
+        return self.rewards.score(out.texts, answers, prompts)
 
     @contextmanager
     def reference(self):
@@ -218,6 +216,7 @@ class GRPOTrainer:
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta,
                 ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
                 importance_weights=weights, entropy=entropy,
+                use_bias_correction_kl=cfg.use_bias_correction_kl,
             )
             if not self.processes.distributed:
                 loss.backward()
