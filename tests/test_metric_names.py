@@ -1,10 +1,12 @@
-"""grpo_lab's metric names against TRL's: the asynchronous trainer's mapping
-(grpo_lab.train.glossary.TRL_ASYNC_NAMES) read against the source of the installed TRL.
+"""grpo_lab's metric names against TRL's: the two trainers' mappings
+(grpo_lab.train.glossary.TRL_SYNC_NAMES, TRL_ASYNC_NAMES) read against the source of the
+installed TRL.
 
 TRL's AsyncGRPOTrainer appends its metrics to a few sinks (`self.metrics[...]`,
 `self._metrics["train"][...]`, the rollout worker's `_push_metrics({...})`, `_rates`,
-`_counters`, each sample's `metrics = {...}`), and transformers' Trainer adds `logs["loss"]` and
-`logs["grad_norm"]`. The keys are read from those files with `ast`, nothing of TRL is imported.
+`_counters`, each sample's `metrics = {...}`), TRL's GRPOTrainer to `self._metrics[mode][...]`,
+and transformers' Trainer adds `logs["loss"]` and `logs["grad_norm"]`. The keys are read from
+those files with `ast`, nothing of TRL is imported.
 (tests/test_async_trainer.py checks that every name the trainer logs has a row.)
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.train.glossary import METRICS, TRL_ASYNC_NAMES, glossary_name
+from grpo_lab.train.glossary import METRICS, TRL_ASYNC_NAMES, TRL_SYNC_NAMES, glossary_name
 
 
 def _package_dir(name: str) -> Path:
@@ -26,8 +28,9 @@ def _package_dir(name: str) -> Path:
 
 ASYNC_GRPO = _package_dir("trl") / "experimental" / "async_grpo"
 TRL_ASYNC_SOURCES = [ASYNC_GRPO / "async_grpo_trainer.py", ASYNC_GRPO / "async_rollout_worker.py"]
+TRL_SYNC_SOURCE = _package_dir("trl") / "trainer" / "grpo_trainer.py"
 TRANSFORMERS_TRAINER = _package_dir("transformers") / "trainer.py"
-SINKS = ("metrics", "_metrics['train']", "_rates", "_counters", "logs")
+SINKS = ("metrics", "_metrics['train']", "_metrics[mode]", "_rates", "_counters", "logs")
 
 
 def _key(node: ast.AST | None) -> str | None:
@@ -67,6 +70,13 @@ def trl_async_keys() -> set[str]:
 
 
 @pytest.fixture(scope="module")
+def trl_sync_keys() -> set[str]:
+    keys = logged_keys(TRL_SYNC_SOURCE)
+    assert {"kl", "entropy", "reward", "step_time", "rewards/<name>/mean"} <= keys, "sinks moved"
+    return keys
+
+
+@pytest.fixture(scope="module")
 def trainer_keys() -> set[str]:
     keys = logged_keys(TRANSFORMERS_TRAINER)
     assert {"loss", "grad_norm"} <= keys, "transformers' Trainer logs elsewhere now"
@@ -97,10 +107,28 @@ def test_every_glossary_name_trl_async_logs_is_mapped_as_the_same(trl_async_keys
     assert not clashes, f"logged by TRL's AsyncGRPOTrainer as something else: {clashes}"
 
 
-def test_every_grpo_lab_name_in_the_mapping_is_in_the_glossary_once():
-    ours = [r.ours for r in TRL_ASYNC_NAMES if r.ours]
+def test_the_sync_mapping_against_trls_grpo_trainer(trl_sync_keys, trainer_keys):
+    """The same three rules for the synchronous trainer and TRL's GRPOTrainer: every TRL name
+    is one it logs, a "same" row uses TRL's name, a different quantity never does, and every
+    glossary name that TRL's GRPOTrainer logs is mapped as the same."""
+    logged = trl_sync_keys | trainer_keys
+    missing = [r.trl for r in TRL_SYNC_NAMES if r.trl and r.trl not in logged]
+    assert not missing, f"TRL's GRPOTrainer logs none of {missing}"
+    for row in TRL_SYNC_NAMES:
+        if row.same:
+            assert row.ours == row.trl, f"{row.ours} is TRL's {row.trl}: use TRL's name"
+        elif row.ours:
+            assert row.ours not in logged, f"{row.ours} is not TRL's quantity of that name"
+    same = {r.ours for r in TRL_SYNC_NAMES if r.same}
+    clashes = sorted(set(METRICS) & trl_sync_keys - same)
+    assert not clashes, f"logged by TRL's GRPOTrainer as something else: {clashes}"
+
+
+@pytest.mark.parametrize("rows", [TRL_SYNC_NAMES, TRL_ASYNC_NAMES], ids=["sync", "async"])
+def test_every_grpo_lab_name_in_the_mapping_is_in_the_glossary_once(rows):
+    ours = [r.ours for r in rows if r.ours]
     assert len(ours) == len(set(ours))
-    trls = [r.trl for r in TRL_ASYNC_NAMES if r.trl]
+    trls = [r.trl for r in rows if r.trl]
     assert len(trls) == len(set(trls))
     unexplained = [n for n in ours if not any(fnmatch(m, n) for m in METRICS)]
     assert not unexplained, f"not in grpo_lab.train.glossary.METRICS: {unexplained}"

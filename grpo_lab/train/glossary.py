@@ -1,5 +1,5 @@
 """Every metric the trainers write to `metrics.jsonl`, with its meaning (`METRICS`), and which of
-TRL's names each one is (`TRL_ASYNC_NAMES`).
+TRL's names each one is (`TRL_SYNC_NAMES`, `TRL_ASYNC_NAMES`).
 
 Names follow TRL: the synchronous trainer's those of TRL's GRPOTrainer, the asynchronous
 trainer's those of TRL's AsyncGRPOTrainer, where TRL logs the same quantity; a quantity TRL
@@ -139,6 +139,41 @@ class TRLName(NamedTuple):
     note: str = ""
 
 
+ONE_REWARD = "grpo_lab: with several reward functions (with one it is `reward`)"
+TRL_SYNC_NAMES: list[TRLName] = [  # grpo_lab's GRPOTrainer and TRL's GRPOTrainer (notebook 03)
+    TRLName("reward", "reward", True),
+    TRLName("reward_std", "reward_std", True, "the std of the step's rewards"),
+    TRLName("frac_reward_zero_std", "frac_reward_zero_std", True),
+    TRLName("rewards/<name>/mean", "rewards/<name>/mean", True, ONE_REWARD),
+    TRLName("rewards/<name>/std", "rewards/<name>/std", True, ONE_REWARD),
+    TRLName("completions/mean_length", "completions/mean_length", True),
+    TRLName("completions/min_length", "completions/min_length", True),
+    TRLName("completions/max_length", "completions/max_length", True),
+    TRLName("completions/clipped_ratio", "completions/clipped_ratio", True),
+    TRLName(None, "completions/mean_terminated_length", False, "and `min_`, `max_`: the "
+            "completions that ended with EOS"),
+    TRLName("entropy", "entropy", True, "from the update's own forward"),
+    TRLName("loss", "loss", True, "logged by transformers' Trainer"),
+    TRLName("grad_norm", "grad_norm", True, "logged by transformers' Trainer"),
+    TRLName("clip_ratio/low_mean", "clip_ratio/low_mean", True),
+    TRLName("clip_ratio/high_mean", "clip_ratio/high_mean", True),
+    TRLName("clip_ratio/region_mean", "clip_ratio/region_mean", True),
+    TRLName(None, "clip_ratio/low_min", False, "and `clip_ratio/high_max`: per-completion "
+            "extremes"),
+    TRLName("kl", "kl", True, "both only with beta > 0"),
+    *(TRLName(name, name, True, "with vllm_importance_sampling_correction") for name in (
+        "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+        "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max")),
+    TRLName("perf/step_s", "step_time", False, "TRL times its `training_step`; grpo_lab the "
+            "whole step, sampling included, under TRL AsyncGRPOTrainer's name"),
+    TRLName("ratio", None, False, "mean pi_theta / pi_old; TRL logs only the clipped fractions"),
+    TRLName("eval/accuracy", None, False, "greedy held-out accuracy; TRL's evaluation loop "
+            "reports sampled reward"),
+    TRLName(None, "num_tokens", False, "input tokens seen so far"),
+    TRLName(None, "learning_rate", False, "logged by transformers' Trainer"),
+]
+
 WINDOW = "TRL: the completions generated in the logging window; grpo_lab: the step's"
 TRL_ASYNC_NAMES: list[TRLName] = [  # grpo_lab's AsyncGRPOTrainer and TRL's AsyncGRPOTrainer
     TRLName("step", None, False, "transformers' `log_history` carries it"),
@@ -233,9 +268,13 @@ def glossary_markdown() -> str:
             "TRL's `GRPOTrainer`, the asynchronous trainer's those of TRL's `AsyncGRPOTrainer`, "
             "where TRL logs the same quantity; values are per step.\n\n"
             "| metric | meaning |\n|---|---|\n" + rows
+            + "\n## grpo_lab's GRPOTrainer and TRL's GRPOTrainer\n\n"
+            "`grpo_lab.train.glossary.TRL_SYNC_NAMES` (notebook 03 checks it against both "
+            "trainers' logs, tests/test_metric_names.py against TRL's source): where the "
+            "quantity differs, grpo_lab's name is not TRL's.\n\n"
+            + mapping_markdown(TRL_SYNC_NAMES)
             + "\n## grpo_lab's AsyncGRPOTrainer and TRL's AsyncGRPOTrainer\n\n"
-            "`grpo_lab.train.glossary.TRL_ASYNC_NAMES` (tests/test_metric_names.py checks the TRL "
-            "names against TRL's source): where the quantity differs, grpo_lab's name is not "
-            "TRL's. The synchronous mapping, to TRL's `GRPOTrainer`, is notebook 03's.\n\n"
+            "`grpo_lab.train.glossary.TRL_ASYNC_NAMES`, checked the same way against TRL's "
+            "source.\n\n"
             + mapping_markdown(TRL_ASYNC_NAMES))
 
