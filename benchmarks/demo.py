@@ -9,9 +9,10 @@ at a time. The tiny model is built (or found) before the first run, so start-up 
 way the target reads: once the model exists. Recorded per run: greedy accuracy before and after,
 start-up seconds (every job healthy), training seconds (the trainer's own clock), wall
 seconds and the load average before and after; then the median gain and times against the
-demo's targets (grpo_lab.cli.multi_job: +20 points, training <= 45 s (issue 26), start-up
-<= 20 s on 2 cores). The demo runs four processes on the 2 cores, so other processes' load
-shows directly in its times: compare runs of similar load.
+demo's targets (grpo_lab.cli.multi_job: +20 points, training <= 60 s, start-up <= 20 s on 2
+cores), and issue 26's goal: training <= 45 s at the same gain. The demo runs four processes
+on the 2 cores, so other processes' load shows directly in its times: compare runs of similar
+load.
 Results go to benchmarks/results/demo.json and are printed.
 """
 
@@ -72,11 +73,15 @@ def main() -> None:
         "met": {"accuracy_gain": median["accuracy_gain"] >= MIN_GAIN,
                 "train_s": median["train_s"] <= DEMO_TARGETS["train_s"],
                 "startup_s": median["startup_s"] <= DEMO_TARGETS["startup_s"]},
+        # Issue 26's goal, tighter than the demo's own 60 s: <= 45 s median at the same gain.
+        "issue_26_goal": {"train_s <= 45 at accuracy_gain >= 0.20": median["train_s"] <= 45.0
+                          and median["accuracy_gain"] >= MIN_GAIN},
         "cores": os.cpu_count(),
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
-    print(json.dumps({"median": median, "met": result["met"]}, indent=2))
+    print(json.dumps({"median": median, "met": result["met"],
+                      "issue_26_goal": result["issue_26_goal"]}, indent=2))
 
 
 if __name__ == "__main__":
