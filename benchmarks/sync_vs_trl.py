@@ -55,6 +55,17 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def timed_train(trainer, profile: cProfile.Profile | None) -> tuple[float, float]:
+    """`trainer.train()` (profiled when `profile` is given) -> (wall seconds, CPU seconds)."""
+    cpu, start = cpu_s(), time.perf_counter()
+    if profile:
+        profile.enable()
+    trainer.train()
+    if profile:
+        profile.disable()
+    return time.perf_counter() - start, cpu_s() - cpu
+
+
 def notebook_config(steps: int, seed: int, threads: int) -> GRPOConfig:
     """Notebook 03's grpo_lab run (its parameters cell and section 1)."""
     return GRPOConfig(steps=steps, prompts_per_step=16, num_generations=8, use_lora=True,
@@ -73,16 +84,10 @@ def run_grpo_lab(steps: int, seed: int, threads: int, profile: cProfile.Profile 
         return accuracy
 
     trainer.evaluate = timed_evaluate
-    cpu, start = cpu_s(), time.perf_counter()
-    if profile:
-        profile.enable()
-    trainer.train()
-    if profile:
-        profile.disable()
-    wall = time.perf_counter() - start - eval_s[0]
+    wall, cpu_total = timed_train(trainer, profile)
+    wall -= eval_s[0]
     (_, before), (_, after) = trainer.accuracy_history[0], trainer.accuracy_history[-1]
     # CPU seconds: the evaluations' share taken out in proportion to their wall time.
-    cpu_total = cpu_s() - cpu
     return {"train_s": wall, "cpu_s": cpu_total * wall / (wall + eval_s[0]),
             "accuracy_before": before, "accuracy_after": after, "gain": after - before}
 
@@ -126,13 +131,7 @@ def run_trl(steps: int, seed: int, threads: int, run_dir: Path,
                                max_new_tokens=max_new_tokens)
 
     before = accuracy()
-    cpu, start = cpu_s(), time.perf_counter()
-    if profile:
-        profile.enable()
-    trainer.train()
-    if profile:
-        profile.disable()
-    wall, cpu_total = time.perf_counter() - start, cpu_s() - cpu
+    wall, cpu_total = timed_train(trainer, profile)
     after = accuracy()
     return {"train_s": wall, "cpu_s": cpu_total, "accuracy_before": before,
             "accuracy_after": after, "gain": after - before}

@@ -46,6 +46,20 @@ def test_demo_jobs_local_gains_at_least_10_points(tmp_path):
     assert (train / "adapters" / f"policy-v{steps}" / "adapter_model.safetensors").exists()
 
 
+def test_a_folder_that_holds_a_demo_run_is_refused_and_kept(tmp_path):
+    """Its trainer would resume the old run's last checkpoint (perhaps of another build of the
+    model) and report that run's accuracy as this one's: a clear error instead, nothing
+    started, nothing touched."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    config = AsyncGRPOConfig(steps=2, output_dir=str(run), progress=False)
+    with pytest.raises(ValueError, match="already holds a demo run"):
+        run_multi_job_demo(config, timeout_s=30)
+    assert sorted(p.name for p in run.iterdir()) == ["plan.json"]
+    assert (run / "plan.json").read_text() == "{}"
+
+
 def test_a_replica_killed_mid_run_is_taken_out_and_training_finishes(tmp_path):
     killed = {}
 

@@ -119,6 +119,9 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     run_dir = Path(config.output_dir or Path("runs") / datetime.now().strftime(
         "demo-jobs-%Y%m%d-%H%M%S")).absolute()
+    if (run_dir / "plan.json").exists():  # its trainer would resume that run's last checkpoint
+        raise ValueError(f"{run_dir} already holds a demo run (its plan.json): pass a new "
+                         "--output-dir, or none for a fresh folder under runs/")
     run_dir.mkdir(parents=True, exist_ok=True)
     bucket = run_dir / "bucket"
     block_size = DEFAULT_BLOCK_SIZE  # vLLM's default
