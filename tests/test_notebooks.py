@@ -32,7 +32,10 @@ def test_every_notebook_has_a_check():
 @pytest.mark.notebook
 @pytest.mark.parametrize("notebook, parameters", NOTEBOOK_RUNS)
 def test_notebook_runs_and_achieves_its_goal(notebook, parameters, tmp_path, tiny_model_dir,
-                                             chat_model_dir):
+                                             chat_model_dir, monkeypatch):
+    # The kernel runs as a learner's does: without the suite's one-thread default (each
+    # notebook sets the threads of what it trains and starts beside itself).
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     results = run_notebook(notebook, tmp_path, parameters, cell_timeout_s=600,
                            with_solutions=True)
     assert results, "the notebook recorded no results"
