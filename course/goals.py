@@ -149,8 +149,10 @@ NOTEBOOK_GOALS = {
             lambda r: abs(r["batch"]["mean"] - 1) < 0.1 and r["batch"]["k3"] > 1e-2,
         # 2. staleness (measured 3 seeds: kl 1e-4 at k = 1, 2e-3 at k = 8; accuracy within 1.9
         # points)
-        "staleness = max_staleness after the warm-up":
-            lambda r: all(abs(s["staleness"] - int(k)) < 0.5 for k, s in r["staleness"].items()),
+        # (7.47 at k = 8 on a newcomer's build: the trainer, now as fast as the worker, catches up)
+        "staleness at most max_staleness, within one version of it after the warm-up":
+            lambda r: all(int(k) - 1 < s["staleness"] <= int(k)
+                          for k, s in r["staleness"].items()),
         "kl at the float32 floor at k = 0 and growing with k":
             lambda r: abs(r["staleness"]["0"]["kl"]) < 1e-6 and all(
                 a["kl"] < b["kl"] for a, b in zip(list(r["staleness"].values()),
