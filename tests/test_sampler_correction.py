@@ -266,7 +266,9 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
     metrics = trainer.sampler_metrics(batch, proximal.logps)
 
     # ... the same numbers as a no-grad pass of its own (TRL's old_per_token_logps).
-    trainer_logps = trainer.trainer_logprobs(batch, make_micro_batches(batch, None))
+    with torch.no_grad():
+        trainer_logps = core.policy_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask,
+                                             batch.completion_ids, batch.completion_mask, 1.0)
     assert torch.allclose(proximal.logps, trainer_logps, atol=1e-6)
     weights = sampler_importance_weights(trainer_logps, batch.old_logps, batch.completion_mask,
                                          mode=mode, clip_max=1.05)
@@ -284,8 +286,7 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
         sampler_kl(trainer_logps, batch.old_logps, batch.completion_mask), abs=1e-7)
     assert metrics["kl"] > 1e-3
 
-    logps = trainer.trainer_logprobs(batch, make_micro_batches(batch, None))
-    whole, _ = core.grpo_loss(logps, trainer_logps, batch.advantages, batch.completion_mask,
+    whole, _ = core.grpo_loss(trainer_logps, trainer_logps, batch.advantages, batch.completion_mask,
                               max_completion_length=trainer.max_new_tokens,
                               importance_weights=weights)
     assert loss == pytest.approx(whole.item(), abs=1e-6)

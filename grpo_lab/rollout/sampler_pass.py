@@ -8,8 +8,8 @@ and the clip is then around the current policy (AReaL's decoupled objective, Fu 
 
 pi_old costs no pass of its own: before the first update the policy *is* pi_old, so the update's
 forward gives its logprobs (`ProximalLogprobs`, the `on_logprobs` hook of
-grpo_lab.train.packing.accumulate_grpo_loss), the same numbers a separate no-grad pass gives
-(`SamplerPass.trainer_logprobs`, what TRL computes as old_per_token_logps).
+grpo_lab.train.packing.accumulate_grpo_loss): the numbers TRL computes as old_per_token_logps in
+a no-grad pass of their own (tests/test_sampler_correction.py compares the two).
 """
 
 from __future__ import annotations
@@ -63,17 +63,6 @@ class SamplerPass:
             logps.append(mb.logprobs(model, self.config.temperature))
         for _ in range(passes - len(micro_batches)):
             micro_batches[0].logprobs(model, self.config.temperature)
-        return logps
-
-    @torch.no_grad()
-    def trainer_logprobs(self, batch: RolloutBatch, micro_batches: list) -> torch.Tensor:
-        """The trainer's logprobs of the batch's completions with its current weights, (B, T),
-        in a no-grad pass of their own (TRL's old_per_token_logps). A step takes the same
-        numbers from its update's forward instead (`ProximalLogprobs`)."""
-        logps = torch.zeros_like(batch.old_logps)
-        for mb, mb_logps in zip(micro_batches, self._no_grad_logprobs(self.model, micro_batches),
-                                strict=True):
-            logps[mb.indices, : mb.completion_ids.shape[1]] = mb_logps
         return logps
 
     def sampler_metrics(self, batch: RolloutBatch, prox_logps: torch.Tensor) -> dict[str, float]:
