@@ -1,6 +1,7 @@
 # The README's commands. Each sets up from nothing (a .venv with the pinned dependencies) first.
 #   make demo    set up, then run the main job
 #   make test    set up (with real vLLM's CPU build), then run every test tier that CI runs
+#   make test-machines   the unit tier natively and as two other processors would run it
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 # for a CPU-only torch on a machine that reaches that index.
 PIP_ARGS ?=
 
-.PHONY: setup vllm chromium demo test test-unit test-slow test-notebooks lint clean
+.PHONY: setup vllm chromium demo test test-unit test-slow test-notebooks test-machine test-machines lint clean
 
 setup: $(STAMP)
 
@@ -59,6 +60,29 @@ test: setup vllm chromium
 
 test-unit: setup
 	$(BIN)/python -m pytest -m "not notebook and not slow"
+
+# Other machines, emulated on this one. Float32 results differ in their last bits across
+# processors because the kernels (and so the order of each sum) differ: PyTorch picks its CPU
+# kernel level at run time and ATEN_CPU_CAPABILITY forces one (avx512, avx2, default = no
+# vector kernels); MKL_ENABLE_INSTRUCTIONS caps MKL's; the thread count splits reductions.
+# `make test-machine CPU_LEVEL=avx2 THREADS=2` runs the unit tier as such a machine would;
+# `make test-machines` runs it natively and under two emulated levels (about 3 minutes each on
+# 2 cores). It cannot emulate another vendor's MKL code paths or a different torch build.
+CPU_LEVEL ?= default
+THREADS ?= 1
+MKL_LEVEL_default := SSE4_2
+MKL_LEVEL_avx2 := AVX2
+MKL_LEVEL_avx512 := AVX512
+
+test-machine: setup
+	ATEN_CPU_CAPABILITY=$(CPU_LEVEL) MKL_ENABLE_INSTRUCTIONS=$(MKL_LEVEL_$(CPU_LEVEL)) \
+	  OMP_NUM_THREADS=$(THREADS) GRPO_LAB_EXPECT_CPU_LEVEL=$(CPU_LEVEL) \
+	  $(BIN)/python -m pytest -m "not notebook and not slow" -p no:cacheprovider -q
+
+test-machines: setup
+	$(BIN)/python -m pytest -m "not notebook and not slow" -p no:cacheprovider -q
+	$(MAKE) test-machine CPU_LEVEL=avx2 THREADS=2
+	$(MAKE) test-machine CPU_LEVEL=default THREADS=1
 
 test-slow: setup vllm chromium
 	$(BIN)/python -m pytest -m slow

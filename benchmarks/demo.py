@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     args = parser.parse_args()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "grpo_lab.cli", "build-model"], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "grpo_lab.cli", "build-model", "--source", "reference"],
+                   check=True, capture_output=True)
     build_s = time.perf_counter() - start
     runs = []
     with tempfile.TemporaryDirectory(prefix="grpo_lab_demo_bench_") as scratch:

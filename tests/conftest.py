@@ -1,8 +1,9 @@
-"""Shared test set-up: an offline hub and one cache of built tiny models for the whole run.
+"""Shared test set-up: an offline hub and one cache of tiny models for the whole run.
 
-The tiny model (and the chat model, when a test uses it) is built once, before the first test
-runs (`pytest_collection_finish`), in a process of its own that may use every core while nothing
-else runs, with its own time bound.
+The default tiny and chat models are the shipped reference models (`grpo_lab/core/
+reference_models/`), copied into the tests' cache on first use. A model without a reference is
+built once, before the first test runs (`pytest_collection_finish`), in a process of its own that
+may use every core while nothing else runs, with its own time bound.
 No test's timeout covers the build, and a failed build stops the run with one message.
 """
 
@@ -62,9 +63,11 @@ def pytest_collection_finish(session):
 
 
 def _build_once(session, name: str, key: str, build_args: list[str], usual_time: str) -> None:
+    from grpo_lab.core.model_build import reference_model
+
     cached = TEST_HOME / "models" / key
-    if (cached / "grpo_lab_recipe.json").exists():
-        return
+    if (cached / "grpo_lab_recipe.json").exists() or reference_model(key) is not None:
+        return  # built, or shipped: the fixture copies the reference model into the cache
     # One cache: reuse what `make demo` or a notebook already built with the same recipe.
     user_copy = USER_HOME / "models" / key
     if (user_copy / "grpo_lab_recipe.json").exists() and user_copy != cached:
@@ -82,7 +85,8 @@ def _build_once(session, name: str, key: str, build_args: list[str], usual_time:
         env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}  # nothing else runs
         try:
             done = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "build-model",
-                                   *build_args, "--threads", str(os.cpu_count() or 1)],
+                                   "--source", "reference", *build_args,
+                                   "--threads", str(os.cpu_count() or 1)],
                                   env=env, timeout=BUILD_TIMEOUT_S)
             failure = f"exit code {done.returncode}" if done.returncode else None
         except subprocess.TimeoutExpired:

@@ -76,3 +76,48 @@ def test_build_refuses_an_unknown_task(tmp_path):
 
     with pytest.raises(ValueError, match="unknown task"):
         build_tiny_model(TinyModelRecipe(task="chess"), tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["tiny", "chat"])
+def test_the_default_recipes_ship_their_reference_model(kind):
+    """Every learner starts from the same model: the default recipe's key names a shipped folder
+    whose recorded recipe is the current default (a changed recipe must ship a new reference)."""
+    from dataclasses import asdict
+
+    from grpo_lab.core.chat_model import ChatModelRecipe
+    from grpo_lab.core.model_build import reference_model
+
+    recipe = TinyModelRecipe() if kind == "tiny" else ChatModelRecipe()
+    folder = reference_model(recipe.key())
+    assert folder is not None, f"no reference model for the default {kind} recipe {recipe.key()}"
+    info = json.loads((folder / "grpo_lab_recipe.json").read_text())
+    assert info["recipe"] == asdict(recipe)
+    assert {"torch", "cpu_capability", "torch_threads"} <= set(info["built_with"])
+    assert (folder / "model.safetensors").stat().st_size > 1_000_000
+
+
+def test_a_fresh_cache_gets_the_reference_model_not_a_build(tmp_path, monkeypatch):
+    from grpo_lab.core.model_build import RECIPE_FILE, cached_model_path, reference_model
+
+    monkeypatch.setenv("GRPO_LAB_HOME", str(tmp_path))
+    key = TinyModelRecipe().key()
+
+    def no_build(staging):
+        raise AssertionError("the reference model must be copied, not built")
+
+    path = cached_model_path(key, no_build)
+    assert path == tmp_path / "models" / key
+    shipped = reference_model(key) / "model.safetensors"
+    assert (path / "model.safetensors").read_bytes() == shipped.read_bytes()
+
+    def fake_build(staging):  # source="build" builds, into a folder of its own
+        (staging / RECIPE_FILE).write_text("{}")
+
+    built = cached_model_path(key, fake_build, source="build")
+    assert built == tmp_path / "models" / f"{key}-built" and built != path
+    assert (path / "model.safetensors").read_bytes() == shipped.read_bytes()
+    with pytest.raises(ValueError, match="source must be one of"):
+        cached_model_path(key, fake_build, source="hub")
+    # A recipe with no reference is built, under its own key.
+    other = cached_model_path("addition-no-reference", fake_build)
+    assert other.name == "addition-no-reference" and (other / RECIPE_FILE).exists()

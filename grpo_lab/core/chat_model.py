@@ -23,6 +23,7 @@ from .evaluation import greedy_accuracy
 from .jsonl import read_jsonl
 from .model_build import (
     RECIPE_FILE,
+    build_provenance,
     build_threads,
     cached_model_path,
     sft_batch,
@@ -219,14 +220,18 @@ def _build(recipe: ChatModelRecipe, out_dir: Path, progress: bool, start: float)
         max_new_tokens=max_new_tokens,
         system_prompt=SYSTEM_PROMPT,
         build_seconds=round(time.perf_counter() - start, 2),
+        built_with=build_provenance(),
     )
     (out_dir / RECIPE_FILE).write_text(json.dumps(info, indent=2))
     return info
 
 
 def chat_model_path(recipe: ChatModelRecipe | None = None, rebuild: bool = False,
-                    progress: bool = True, num_threads: int | None = None) -> Path:
-    """Path of the cached chat model for `recipe`, building it first if needed (atomically).
+                    progress: bool = True, num_threads: int | None = None,
+                    source: str = "reference") -> Path:
+    """Path of the cached chat model for `recipe`: the shipped reference model when the recipe
+    has one (the default recipe does), else built here first (atomically); `source="build"`
+    builds it on this machine (see `tiny_model_path`).
 
     Its word problems are in `chat_model_path() / "data"`: `train.jsonl` and `test.jsonl`.
     """
@@ -235,5 +240,5 @@ def chat_model_path(recipe: ChatModelRecipe | None = None, rebuild: bool = False
         recipe.key(),
         lambda staging: build_chat_model(recipe, staging, progress=progress,
                                          num_threads=num_threads),
-        rebuild=rebuild,
+        rebuild=rebuild, source=source,
     )

@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from .evaluation import greedy_accuracy
 from .model_build import (
     RECIPE_FILE,
+    build_provenance,
     build_threads,
     cached_model_path,
     sft_batch,
@@ -129,6 +130,7 @@ def _build(recipe: TinyModelRecipe, out_dir: Path, progress: bool, start: float)
         recipe=asdict(recipe),
         num_parameters=sum(p.numel() for p in model.parameters()),
         build_seconds=round(time.perf_counter() - start, 2),
+        built_with=build_provenance(),
     )
     (out_dir / RECIPE_FILE).write_text(json.dumps(info, indent=2))
     return info
@@ -136,13 +138,18 @@ def _build(recipe: TinyModelRecipe, out_dir: Path, progress: bool, start: float)
 
 def tiny_model_path(
     recipe: TinyModelRecipe | None = None, rebuild: bool = False, progress: bool = True,
-    num_threads: int | None = None,
+    num_threads: int | None = None, source: str = "reference",
 ) -> Path:
-    """Path of the cached tiny model for `recipe`, building it first if needed (atomically)."""
+    """Path of the cached tiny model for `recipe`: the shipped reference model when the recipe
+    has one (the default recipe does), else built here first (atomically).
+
+    `source="build"` builds it from the recipe on this machine (`<key>-built`): the same recipe,
+    but its last bits, and so its accuracy, follow this processor (see `model_build`).
+    """
     recipe = recipe or TinyModelRecipe()
     return cached_model_path(
         recipe.key(),
         lambda staging: build_tiny_model(recipe, staging, progress=progress,
                                          num_threads=num_threads),
-        rebuild=rebuild,
+        rebuild=rebuild, source=source,
     )
