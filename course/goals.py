@@ -75,6 +75,8 @@ NOTEBOOK_GOALS = {
         "TRL gain >= 10 points":
             lambda r: r["trl_accuracy_after"] >= r["trl_accuracy_before"] + 0.10,
         "same starting accuracy": lambda r: r["trl_accuracy_before"] == r["accuracy_before"],
+        "the two trainers end within 10 points of each other (about half a gain)":
+            lambda r: abs(r["trl_accuracy_after"] - r["grpo_lab_accuracy_after"]) <= 0.10,
         "config_mismatches == 0": lambda r: r["config_mismatches"] == 0,
         "metrics_missing == 0": lambda r: r["metrics_missing"] == 0,
         "async_names_missing == 0": lambda r: r["async_names_missing"] == 0,
@@ -315,6 +317,8 @@ GOAL_MARGINS = {
             lambda r: (r["grpo_lab_accuracy_after"] - r["accuracy_before"], 0.10, ">="),
         "TRL gain >= 10 points":
             lambda r: (r["trl_accuracy_after"] - r["trl_accuracy_before"], 0.10, ">="),
+        "the two trainers end within 10 points":
+            lambda r: (abs(r["trl_accuracy_after"] - r["grpo_lab_accuracy_after"]), 0.10, "<="),
     },
     "04_rollout_buffer_and_async": {
         "async gains about as much as sync":

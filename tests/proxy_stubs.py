@@ -46,7 +46,8 @@ class StubReplica:
 
     health_status: /health status (200, 503); health_hang: /health never answers.
     completion_mode: ok | garbage (200 text/html) | close | hang | error500;
-        completion_delay_s: seconds each completion takes.
+        completion_delay_s: seconds each completion takes; completion_gate: an asyncio.Event
+        each completion waits for (a request held in flight until the test sets it).
     load_mode: ok | fail (500, rank too big) | close | hang | never ('No adapter found' forever)
         | load_then_close / load_then_hang (loads it, but the answer is lost) | gate_off (404).
     not_visible_for: answer 'No adapter found' to the first N load attempts of each name.
@@ -58,6 +59,7 @@ class StubReplica:
         self.adapters: dict[str, str] = {}
         self.health_status, self.health_hang = 200, False
         self.completion_mode, self.completion_delay_s = "ok", 0.0
+        self.completion_gate: asyncio.Event | None = None
         self.load_mode, self.not_visible_for, self.unload_mode = "ok", 0, "ok"
         self.load_attempts: Counter = Counter()
         self.seen: list[tuple[str, str, str | None]] = []  # (method, path_qs, Authorization)
@@ -84,6 +86,8 @@ class StubReplica:
         if mode == "error500":
             return error("EngineCore died", "InternalServerError", 500)
         await asyncio.sleep(self.completion_delay_s)
+        if self.completion_gate is not None:
+            await self.completion_gate.wait()
         body = await request.json()
         if body.get("stream"):  # server-sent events, as vLLM streams them
             out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -302,3 +306,13 @@ async def fleet(n: int = 2, *, token: str | None = None, upstreams: list[str] | 
 def run(coro, timeout_s: float = 60.0):
     """Run one async test body with a hard time limit."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Poll `condition()` until it holds: a wait on a state, not on a guess of how long it takes
+    (a bound far above any machine's time, below `run`'s; reaching it fails the test)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s:g} s")
+        await asyncio.sleep(0.01)

@@ -6,6 +6,7 @@ samples, and a pytest timeout, so a lost wake-up fails instead of hanging.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -14,16 +15,17 @@ import torch
 
 from grpo_lab.core.generation import generate_completions, sample_from_ids
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
+from grpo_lab.rollout.buffer import RolloutBuffer
 from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.generators import Generator, LocalGenerator, is_peft_model
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
              progress=False, log_every=100, trainer_threads=1, generator_threads=1)
 WORKER = "grpo-rollout-worker"
-pytestmark = pytest.mark.timeout(120)  # a lost wake-up or a deadlock fails instead of hanging
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.timeout(120),  # a lost wake-up or a deadlock fails instead of hanging
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 def step_records(records):
@@ -100,19 +102,29 @@ def test_overlapped_run_bounds_staleness_and_tags_monotone_versions(tiny_model_a
     assert not trainer.worker_alive
 
 
+def waiting_in_buffer_put(thread_name: str) -> bool:
+    """Is the named thread waiting inside `RolloutBuffer.put` (on its condition) right now?
+    Read from the thread's Python stack: innermost `Condition.wait`, called by `put`."""
+    thread = next((t for t in threading.enumerate() if t.name == thread_name), None)
+    frame = sys._current_frames().get(thread.ident) if thread is not None else None
+    if frame is None or frame.f_back is None:
+        return False
+    return (frame.f_code is threading.Condition.wait.__code__
+            and frame.f_back.f_code is RolloutBuffer.put.__code__)
+
+
 def test_stop_unblocks_a_worker_waiting_on_a_full_buffer(tiny_model_and_tokenizer):
     trainer = recording_trainer(tiny_model_and_tokenizer, max_staleness=3)
     trainer.start_steps()
-    deadline = time.monotonic() + 60
-    while len(trainer.buffer) < trainer.buffer.maxsize and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(trainer.buffer) == trainer.buffer.maxsize
-    # The worker goes on to generate the next batch (admission allows 3 ahead), then blocks in
-    # put: it marks itself idle just before. Stop must end it wherever it is.
-    while trainer.worker_busy and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)  # from "idle" to waiting inside put takes microseconds
-    trainer.stop_steps(timeout_s=10)
+    # The worker fills the buffer, generates the next batch (admission allows 3 ahead), then
+    # waits in put for room. Wait for exactly that state, however long generating takes here.
+    deadline = time.monotonic() + 90
+    while not waiting_in_buffer_put(WORKER):
+        assert time.monotonic() < deadline, "the worker never blocked on the full buffer"
+        assert trainer.worker_alive, "the worker ended before the buffer filled"
+        time.sleep(0.01)
+    assert len(trainer.buffer) == trainer.buffer.maxsize and not trainer.worker_busy
+    trainer.stop_steps(timeout_s=10)  # must end it where it waits
     assert not trainer.worker_alive
     assert trainer.buffer.stats()["rollout/backpressure_cumulative_s"] > 0  # blocked in put
 

@@ -48,28 +48,57 @@ def wait_for(condition, timeout=30.0):
         time.sleep(0.005)
 
 
+def hold_engine_when(model, condition):
+    """Hold the engine thread at the start of its first forward after `condition()` holds
+    (checked on the engine thread, so it reads the sequences the engine itself writes) until
+    the test sets `release`: the test acts at a known step, however fast this machine decodes.
+    -> (held, release, hook handle)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(module, args):
+        if not held.is_set() and condition():
+            held.set()
+            assert release.wait(60), "the test never released the engine"
+
+    return held, release, model.register_forward_pre_hook(hold)
+
+
 def test_staggered_arrivals_match_the_trainers_logprobs(tiny_model_and_tokenizer, model_copy):
     _, tokenizer = tiny_model_and_tokenizer
+    first = seqs_for(tokenizer, PROMPTS, temperature=0.7, max_tokens=40, ignore_eos=True)
+    second = seqs_for(tokenizer, PROMPTS[::-1] * 2, seed0=100, temperature=0.7, max_tokens=12)
+    # held in the forward of a decode step once `first` has 5 tokens: `second` surely arrives
+    # while `first` is mid-decode
+    held, release, hook = hold_engine_when(model_copy, lambda: len(first[0].output_ids) >= 5)
     engine = make_engine(model_copy, tokenizer).start()
     try:
-        first = seqs_for(tokenizer, PROMPTS, temperature=0.7, max_tokens=40, ignore_eos=True)
-        second = seqs_for(tokenizer, PROMPTS[::-1] * 2, seed0=100, temperature=0.7, max_tokens=12)
-        done = threading.Event()
+        first_done, second_done = threading.Event(), threading.Event()
 
         class Group(RequestGroup):
-            def resolve(self):
-                done.set()
+            def __init__(self, sequences, done):
+                super().__init__(sequences)
+                self.done = done
 
-        engine.submit(Group(first))
-        wait_for(lambda: len(first[0].output_ids) >= 5)  # the first batch is mid-decode
-        generate_sync(engine, second)  # admitted between steps, decoded together with `first`
-        assert done.wait(60)
+            def resolve(self):
+                self.done.set()
+
+        engine.submit(Group(first, first_done))
+        assert held.wait(60), "the first batch never reached its 6th step"
+        engine.submit(Group(second, second_done))  # arrives while `first` is mid-decode
+        assert not any(s.finish_reason for s in first)
+        release.set()
+        assert first_done.wait(60) and second_done.wait(60)
+        # admitted at the next step, between two decode steps of `first`: one batch of all 15
+        assert engine.stats["prefills"] == 2
         assert engine.stats["max_batch"] == len(first) + len(second)
         assert all(len(s.output_ids) == 40 and s.finish_reason == "length" for s in first)
         assert all(s.finish_reason in ("stop", "length") for s in second)
+        hook.remove()
         logps, served, mask = trainer_logprobs(model_copy, tokenizer, first + second, 0.7)
         assert ((logps - served).abs() * mask).max() < 1e-4
     finally:
+        release.set()
+        hook.remove()
         engine.stop()
 
 
@@ -153,13 +182,17 @@ def slow_engine(tiny_model_and_tokenizer, model_copy):
     engine.stop()
 
 
-def test_pause_keep_freezes_and_resume_continues(slow_engine):
+def test_pause_keep_freezes_and_resume_continues(slow_engine, model_copy):
     engine, tokenizer = slow_engine
     running = seqs_for(tokenizer, PROMPTS[:2], max_tokens=40, ignore_eos=True)
+    held, release, _ = hold_engine_when(model_copy, lambda: len(running[0].output_ids) >= 2)
     engine.submit(RequestGroup(running))
-    wait_for(lambda: len(running[0].output_ids) >= 2)
-    engine.pause("keep").result(10)
+    assert held.wait(30)
+    paused = engine.pause("keep")  # asked for during the step that samples the 3rd token
+    release.set()
+    paused.result(10)
     frozen = len(running[0].output_ids)
+    assert frozen == 3 and running[0].finish_reason is None  # paused mid-decode
     late = seqs_for(tokenizer, PROMPTS[2:3], max_tokens=3)
     engine.submit(RequestGroup(late))  # accepted while paused: waits
     time.sleep(0.3)
@@ -169,14 +202,17 @@ def test_pause_keep_freezes_and_resume_continues(slow_engine):
     assert running[0].finish_reason == "length" and len(running[0].output_ids) == 40
 
 
-def test_pause_abort_finishes_in_flight_requests_with_abort(slow_engine):
+def test_pause_abort_finishes_in_flight_requests_with_abort(slow_engine, model_copy):
     engine, tokenizer = slow_engine
     running = seqs_for(tokenizer, PROMPTS[:2], max_tokens=40, ignore_eos=True)
+    held, release, _ = hold_engine_when(model_copy, lambda: len(running[0].output_ids) >= 2)
     engine.submit(RequestGroup(running))
-    wait_for(lambda: len(running[0].output_ids) >= 2)
-    engine.pause("abort").result(10)
+    assert held.wait(30)
+    paused = engine.pause("abort")  # asked for during the step that samples the 3rd token
+    release.set()
+    paused.result(10)
     assert [s.finish_reason for s in running] == ["abort", "abort"]
-    assert 2 <= len(running[0].output_ids) < 40  # partial output is returned
+    assert len(running[0].output_ids) == 3  # aborted after that step: partial output returned
     engine.resume()
     assert generate_sync(engine, seqs_for(tokenizer, PROMPTS[:1], max_tokens=2))[0].finish_reason
 

@@ -4,6 +4,7 @@ every framing an upstream may use, keep-alive reuse, and every way an answer can
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from proxy_stubs import run
@@ -194,19 +195,48 @@ def test_the_connection_limit_queues_requests():
     run(body(), 30)
 
 
+def self_signed_certificate(cert: Path, key: Path, host: str = "localhost") -> None:
+    """Write a self-signed certificate for `host` and its key (PEM), valid for a day, with the
+    `cryptography` package (the `dev` extra): no `openssl` command needed."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    public = private.public_key()
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=False,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public),
+                       critical=False)
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+
+
 def test_https_upstreams(tmp_path):
     """TLS to an upstream (exposed HF Jobs ports are https://), with a self-signed certificate."""
-    import shutil
     import ssl
-    import subprocess
 
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
-                   timeout=60)
+    self_signed_certificate(cert, key)
 
     async def body():
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from real_vllm import require_vllm
 
 from grpo_lab.cli.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
 from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.serving.vllm_process import vllm_missing_reason
 
 pytestmark = pytest.mark.slow  # each test runs the whole demo as separate processes
 
@@ -101,7 +101,6 @@ def test_demo_summary_states_each_target_met_or_not():
     assert demo_verdicts({**run, "accuracy_gain": 0.19}, min_gain=0.20)[0].endswith("(NOT met)")
 
 
-@pytest.mark.skipif(vllm_missing_reason() is not None, reason=vllm_missing_reason() or "")
 def test_demo_with_real_vllm_replicas_trains_through_the_proxy_and_the_bucket(tmp_path):
     """`grpo-lab demo --engine vllm`: the same jobs with real vLLM (its CPU build) as replicas.
     Every step's adapter goes through the bucket folder and the proxy's all-or-nothing load into
@@ -109,6 +108,7 @@ def test_demo_with_real_vllm_replicas_trains_through_the_proxy_and_the_bucket(tm
     takes 16-token blocks only, so the tiny 7-token prompts fill none: its prefix-cache counters
     show the prompt tokens queried and no hits (benchmarks/routing_cache.py --engine vllm has the
     affinity figures on longer prompts)."""
+    require_vllm()  # skips without vLLM; fails under GRPO_LAB_REQUIRE_VLLM=1
     run_dir = tmp_path / "demo-vllm"
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_lab.cli", "demo", "--engine", "vllm", "--min-gain", "0.10",

@@ -11,7 +11,7 @@ import asyncio
 import json
 
 import pytest
-from proxy_stubs import StubReplica, fleet, run
+from proxy_stubs import StubReplica, fleet, run, wait_until
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser
@@ -195,7 +195,8 @@ def test_server_info_and_models_come_from_one_replica_as_one_server():
             assert status == 200 and [m["id"] for m in models["data"]] == ["base", "v1"]
             f.stubs[0].health_hang = True  # the first replica goes quiet: the other answers
             f.stubs[0].completion_mode = "hang"
-            await asyncio.sleep(0.7)
+            await wait_until(lambda: f.stubs[0].url in f.proxy.replicas.down_reasons,
+                             what="the quiet replica out of routing")
             status, info, headers = await f.get("/server_info?config_format=json")
             assert status == 200 and upstream(headers) == f.stubs[1].url
     run(body())

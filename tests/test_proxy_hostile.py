@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy_stubs import fleet, run
+from proxy_stubs import fleet, run, wait_until
 
 from grpo_lab.proxy.http_pool import ConnectFailed
 
@@ -27,14 +27,6 @@ async def raw_request(url: str, head: bytes) -> bytes:
     answer = await reader.read()
     writer.close()
     return answer
-
-
-async def wait_for(condition, timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def test_the_api_key_guards_every_route_but_health(monkeypatch):
@@ -115,17 +107,17 @@ def test_a_returning_replica_is_brought_to_the_fleets_pause_state():
             away = f.stubs[1]
             assert (await f.post("/pause?mode=keep"))[0] == 200
             away.health_status = 503
-            await wait_for(lambda: away.url in f.proxy.replicas.down_reasons)
+            await wait_until(lambda: away.url in f.proxy.replicas.down_reasons)
             away.paused, away.health_status = False, 200  # it restarted: running, not paused
-            await wait_for(lambda: not f.proxy.replicas.down_reasons)
+            await wait_until(lambda: not f.proxy.replicas.down_reasons)
             assert away.paused and ("POST", "/pause?mode=keep", None) in away.seen[-3:]
             # away again; the fleet resumes meanwhile; it comes back still paused
             away.health_status = 503
-            await wait_for(lambda: away.url in f.proxy.replicas.down_reasons)
+            await wait_until(lambda: away.url in f.proxy.replicas.down_reasons)
             assert (await f.post("/resume"))[0] == 200
             assert not f.stubs[0].paused and away.paused
             away.health_status = 200
-            await wait_for(lambda: not f.proxy.replicas.down_reasons)
+            await wait_until(lambda: not f.proxy.replicas.down_reasons)
             assert not away.paused
             assert (await f.get("/proxy/stats"))[1]["paused"] == "/resume"
     run(body())
@@ -170,16 +162,24 @@ def test_one_refused_connection_is_not_a_death():
                 return await real_post(url, data, timeout_s)
 
             pool.post = flaky_post
-            target.completion_delay_s = 0.5
+
+            def completions_on_target() -> int:
+                return sum(path == "/v1/completions" for _, path, _ in target.seen)
+
+            before = completions_on_target()
+            target.completion_gate = asyncio.Event()  # held on target until the gate opens
             slow = asyncio.ensure_future(f.post("/v1/completions", {"prompt": P1}))
-            await asyncio.sleep(0.1)  # it is in flight on target
+            await wait_until(lambda: completions_on_target() == before + 1,
+                             what="the request in flight on target")
             refuse[0] = 1
             status, _, h = await f.post("/v1/completions", {"prompt": P1})
             assert status == 200 and h["X-Proxy-Upstream"] == other.url  # sent elsewhere
+            assert refuse[0] == 0 and not slow.done()  # refused once, while `slow` was in flight
+            target.completion_gate.set()
             status, _, h = await slow
             assert status == 200 and h["X-Proxy-Upstream"] == target.url  # not cancelled
             assert f.proxy.replicas.down_reasons == {}
-            target.completion_delay_s = 0.0
+            target.completion_gate = None
             # health_failures refusals in a row do take it out
             refuse[0] = 3
             for i in range(3):

@@ -100,7 +100,15 @@ def test_sync_trainer_on_a_dataset_and_a_chat_model(chat_model_dir, tmp_path):
     assert steps[-1]["rewards/format/mean"] > 0.5  # the warmed-up model already answers as ####
     logged = [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert logged and logged[0]["prompt"].startswith("<|im_start|>system\n" + SYSTEM_PROMPT)
-    assert 0 <= trainer.accuracy_history[-1][1] <= 1
+    # evaluated before the first step and after the last, on the 16 held-out problems; the
+    # last value is the trained model's greedy accuracy (evaluated again: the same count)
+    assert [step for step, _ in trainer.accuracy_history] == [0, 3]
+    assert len(trainer.task.eval_set()) == 16
+    accuracy = trainer.accuracy_history[-1][1]
+    assert accuracy * 16 == round(accuracy * 16) and trainer.evaluate() == accuracy
+    recorded = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/accuracy"] for r in recorded if "eval/accuracy" in r] == [
+        a for _, a in trainer.accuracy_history]
 
 
 def test_async_trainer_on_a_dataset_and_a_chat_model(chat_model_dir):

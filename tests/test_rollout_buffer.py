@@ -156,14 +156,34 @@ def test_get_blocks_until_n_items_with_rollout_wait_measured():
     assert buf.stats()["rollout/backpressure_cumulative_s"] == 0.0
 
 
+class RealClock(FakeClock):
+    """The buffer's default clock (`time.perf_counter`), with `read` set on every reading and
+    the readings kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.readings: list[float] = []
+
+    def __call__(self) -> float:
+        self.now = time.perf_counter()
+        self.readings.append(self.now)
+        self.read.set()
+        return self.now
+
+
 def test_rollout_wait_with_the_real_clock():
-    buf = RolloutBuffer(maxsize=1, max_staleness=0)
-    consumer, out = start(buf.get, 1, 0)
-    time.sleep(0.05)
+    clock = RealClock()
+    buf = RolloutBuffer(maxsize=1, max_staleness=0, clock=clock)
+    consumer, out = start_blocked(clock, buf.get, 1, 0)  # waiting, not about to
+    blocked_since = clock.readings[0]
+    while time.perf_counter() <= blocked_since:  # real time passes while it waits
+        pass
     buf.put("a", 0)
     consumer.join(JOIN_S)
-    assert [e.item for e in out["result"]] == ["a"]
-    assert buf.stats()["perf/rollout_wait_cumulative_s"] > 0.0
+    assert not consumer.is_alive() and [e.item for e in out["result"]] == ["a"]
+    # the wait ran from the consumer's first reading to its reading after the wake-up
+    waited = buf.stats()["perf/rollout_wait_cumulative_s"]
+    assert waited > 0.0 and waited in [r - blocked_since for r in clock.readings]
     assert out["result"][0].time_in_queue_s >= 0.0
 
 

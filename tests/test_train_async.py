@@ -53,9 +53,13 @@ def test_train_async_writes_metrics_syncs_adapters_and_accuracy(server, tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["version"] == 4 and summary["syncs"] == 5
-    assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    # greedy accuracy on the 32 held-out problems: before the first step, after the last one
+    evaluated = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    assert evaluated == [(0, summary["accuracy_before"]), (4, summary["accuracy_after"])]
+    for _, accuracy in evaluated:  # a count of right answers out of 32
+        assert 0 <= accuracy <= 1 and accuracy * 32 == round(accuracy * 32), accuracy
     for key in ("perf/weight_sync_s", "sample/staleness_mean", "sample/staleness_max",
                 "sample/rollout_queue_size", "perf/rollout_wait_s", "reward", "ratio"):
         assert key in records[-1], key

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from real_vllm import require_vllm
 
 from grpo_lab.core.chat_model import SYSTEM_PROMPT
 from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
@@ -318,12 +319,12 @@ def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL_VLLM, reason="real vLLM is not installed (`make vllm`)")
 def test_trl_async_trainer_with_real_vllm_replicas(chat_model_dir, tmp_path):
     """TRL's AsyncGRPOTrainer as the blog runs it, on this CPU: real vLLM replicas (its CPU
     build) behind `grpo-lab proxy`, the real `vllm` package in the trainer. TRL's adapter-only
     path accepts vLLM's /server_info, every version is loaded into both engines from the bucket,
     and each step holds the promised samples."""
+    require_vllm()  # skips without vLLM; fails under GRPO_LAB_REQUIRE_VLLM=1
     from grpo_lab.proxy.process import start_proxy_process
     from grpo_lab.serving.vllm_process import start_vllm_process
 
