@@ -104,3 +104,21 @@ def test_modules_that_draw_nothing_import_without_the_notebooks_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_the_wheel_ships_the_reference_models(tmp_path):
+    """`pip install grpo_lab` carries the reference models every learner starts from."""
+    import zipfile
+
+    from grpo_lab.core.model_build import REFERENCE_MODELS
+
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                          "--no-build-isolation", "-q", "-w", str(tmp_path / "wheel"), str(ROOT)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("grpo_lab-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"grpo_lab/core/reference_models/{p.relative_to(REFERENCE_MODELS).as_posix()}"
+                for p in REFERENCE_MODELS.rglob("*") if p.is_file()}
+    assert any(name.endswith("model.safetensors") for name in expected)
+    assert expected <= shipped, sorted(expected - shipped)
