@@ -43,8 +43,15 @@ def step_on_fixed_samples(trainer: GRPOTrainer) -> dict:
 
     trainer.apply_gradients = capture
     metrics = trainer.optimize(mine)
+    real = batch.completion_mask.bool()
+    # What the float32 tolerances of the comparison count (tests/float_tolerance.py): the step's
+    # tokens (the loss's terms), their mean |advantage| (the terms' size at ratio 1) and every
+    # real position (the terms of a gradient entry).
+    sizes = {"tokens": int(real.sum()),
+             "term_size": batch.advantages.abs().unsqueeze(1).expand_as(real)[real].mean().item(),
+             "positions": int(batch.prompt_mask.sum() + batch.completion_mask.sum())}
     return {"loss": metrics["loss"], "ratio": metrics["ratio"], "grads": grads,
-            "rows": len(rows)}
+            "rows": len(rows), **sizes}
 
 
 def main(path: str) -> None:

@@ -1,6 +1,8 @@
 """DAPO's dynamic sampling (grpo_lab.train.dynamic_sampling): which groups a step trains on, what
 it costs, and the sync trainer with it on."""
 
+import random
+
 import pytest
 import torch
 
@@ -98,18 +100,39 @@ SMALL = dict(steps=1, prompts_per_step=4, num_generations=4, eval_every=0, eval_
              progress=False, log_completions_every=0, max_new_tokens=5)
 
 
-def test_the_trainer_trains_only_on_groups_with_signal(tiny_model_dir):
-    """The tiny model is right about a third of the time: some groups are all wrong, and
-    dynamic sampling replaces them; the step logs what that cost, each name in the glossary."""
+# Exact match on prompts whose answer is even; 0 for every completion of the others: a group
+# without signal by construction, whatever the model samples on this machine.
+EVEN_ANSWERS_ONLY = """
+from grpo_lab.core.rewards import exact_match_reward
+
+
+def reward(completions, answer, **kwargs):
+    matches = exact_match_reward(completions, answer)
+    return [m if int(a) % 2 == 0 else 0.0 for m, a in zip(matches, answer)]
+"""
+
+
+def test_the_trainer_trains_only_on_groups_with_signal(tiny_model_dir, tmp_path, monkeypatch):
+    """Groups without signal are replaced by later rounds' and the step logs what that cost, each
+    name in the glossary. Not left to chance (the tiny model, right about a third of the time,
+    leaves all 4 groups of 4 with signal in ~40 % of steps): the reward scores only prompts with
+    an even answer, and 3 of the seed's first 4 have odd ones (prompts come from Python's seeded
+    `random`, the same on every machine); the model's exact matches give the even ones signal."""
+    from grpo_lab.core.tasks import AdditionTask
     from grpo_lab.train.glossary import unknown_metrics
 
-    cfg = GRPOConfig(model=str(tiny_model_dir), dynamic_sampling=True,
-                     dynamic_sampling_max_rounds=20, seed=1, **SMALL)
-    trainer = GRPOTrainer(cfg)
-    plain = GRPOTrainer(GRPOConfig(model=str(tiny_model_dir), seed=1, **SMALL))
+    (tmp_path / "even_answers_only.py").write_text(EVEN_ANSWERS_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = AdditionTask(eval_size=4).sample_batch(random.Random(1), SMALL["prompts_per_step"])
+    odd = sum(int(p.answer) % 2 for p in first)
+    assert odd == 3, [p.answer for p in first]  # what the trainer's first round draws (seed 1)
+    settings = dict(model=str(tiny_model_dir), reward="even_answers_only:reward", seed=1, **SMALL)
+    trainer = GRPOTrainer(GRPOConfig(dynamic_sampling=True, dynamic_sampling_max_rounds=20,
+                                     **settings))
+    plain = GRPOTrainer(GRPOConfig(**settings))
     before = plain.step()
     record = trainer.step()
-    assert before["frac_reward_zero_std"] > 0  # without it, the same first prompts had some
+    assert before["frac_reward_zero_std"] >= odd / 4  # without it, the same first prompts
     assert record["frac_reward_zero_std"] == 0
     rounds = record["dynamic_sampling/rounds"]
     assert 2 <= rounds < 20
