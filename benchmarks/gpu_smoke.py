@@ -14,6 +14,10 @@ on the CPU, into a temporary GRPO_LAB_HOME (or `--home`, where it may already be
                 model run in this process
     async_http  AsyncGRPOTrainer (LoRA) sampling from that server through HTTPGenerator, its
                 adapters synced through an AdapterBucket folder
+    real_shape  GRPOTrainer (LoRA) at a real model's published shape with random weights
+                (--shape, default Qwen2.5-0.5B; grpo_lab.core.shaped_models, built here),
+                --shape-prompts x G completions of --shape-new-tokens tokens on its word
+                problems, beside grpo_lab.core.memory_model's prediction of the step
 
 The check, per phase: the mean `ratio` exp(logp_trainer - logp_generator) over completion tokens
 is within 1e-2 of 1. Both sides compute logprobs in float32 from bfloat16 logits; what separates
@@ -52,7 +56,9 @@ from grpo_lab.core.config import GRPOConfig  # noqa: E402
 from grpo_lab.core.devices import DTYPES, resolve_device  # noqa: E402
 from grpo_lab.core.generation import Completions  # noqa: E402
 from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
+from grpo_lab.core.memory_model import StepSetting, step_memory  # noqa: E402
 from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.core.shaped_models import SHAPES, dataset_files, shaped_model_path  # noqa: E402
 from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
 from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
@@ -100,6 +106,30 @@ def train_sync(args, use_lora: bool) -> dict:
                         log_completions_every=0)
     trainer = GRPOTrainer(config)
     return step_summary([r for r in trainer.train() if r["step"] > 0])
+
+
+def train_real_shape(args) -> dict:
+    """Synchronous LoRA GRPO steps at a published shape (random weights), and the memory the
+    memory model predicts for such a step."""
+    start = time.perf_counter()
+    path = shaped_model_path(args.shape, num_threads=os.cpu_count())
+    built_s = time.perf_counter() - start
+    files = dataset_files(path)
+    config = GRPOConfig(model=str(path), dataset=str(files["train"]),
+                        eval_split=str(files["test"]), steps=args.steps,
+                        prompts_per_step=args.shape_prompts, num_generations=args.generations,
+                        max_new_tokens=args.shape_new_tokens, device=args.device,
+                        dtype=args.dtype, use_lora=True, lora_rank=8, learning_rate=1e-5,
+                        eval_every=0, eval_size=4, log_every=10**6, progress=False,
+                        log_completions_every=0)
+    trainer = GRPOTrainer(config)
+    records = [r for r in trainer.train() if r["step"] > 0]
+    setting = StepSetting(prompts=args.shape_prompts, num_generations=args.generations,
+                          completion_tokens=args.shape_new_tokens, dtype=args.dtype,
+                          lora_rank=8, logits_chunk_rows=110)
+    predicted = step_memory(trainer.model.config, setting).total
+    return {**step_summary(records), "shape": args.shape, "model_build_s": round(built_s, 1),
+            "predicted_peak_bytes": predicted}
 
 
 def serve_burst(args, url: str, path: Path) -> dict:
@@ -176,6 +206,9 @@ def run_phases(args, home: Path, scratch: Path, results: dict) -> None:
             with BlockingClient(server.url) as client:  # its peak since it started
                 phases[name]["server_peak_memory_bytes"] = \
                     client.server_info()["grpo_lab"]["peak_gpu_memory_bytes"]
+    if args.shape != "none":
+        memory.reset()
+        phases["real_shape"] = {**train_real_shape(args), "peak_memory_bytes": memory.peak()}
 
 
 def failed_checks(args, phases: dict) -> list[str]:
@@ -204,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=0,
                         help="of the async phase (0: on-policy, the ratio measures rounding)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    parser.add_argument("--shape", default="qwen2.5-0.5b", choices=[*SHAPES, "none"],
+                        help="the real_shape phase's published shape (none: skip it)")
+    parser.add_argument("--shape-prompts", type=int, default=2, help="real_shape: prompts")
+    parser.add_argument("--shape-new-tokens", type=int, default=128,
+                        help="real_shape: max_new_tokens (random weights always reach it)")
     parser.add_argument("--home", type=Path, default=None,
                         help="GRPO_LAB_HOME to build the tiny model in or reuse (default: a "
                              "temporary folder, removed at the end)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = {"sync_full", "sync_lora", "serve", "async_http"}
+PHASES = {"sync_full", "sync_lora", "serve", "async_http", "real_shape"}
 
 
 @pytest.mark.slow
@@ -22,6 +22,7 @@ def test_gpu_smoke_runs_every_phase_on_the_cpu(tiny_model_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--device", "cpu",
          "--steps", "2", "--prompts", "4", "--generations", "4", "--requests", "4",
+         "--shape", "vocab-only", "--shape-new-tokens", "16",
          "--home", str(home), "--out", str(out)],
         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -31,8 +32,9 @@ def test_gpu_smoke_runs_every_phase_on_the_cpu(tiny_model_dir, tmp_path):
     for name, phase in results["phases"].items():
         assert abs(phase["ratio_mean"] - 1) <= 1e-2, (name, phase)
         assert phase["peak_memory_bytes"] is None  # no GPU here
-    for name in ("sync_full", "sync_lora", "async_http"):
+    for name in ("sync_full", "sync_lora", "async_http", "real_shape"):
         assert results["phases"][name]["steps"] == 2
+    assert results["phases"]["real_shape"]["predicted_peak_bytes"] > 0
     serve = results["phases"]["serve"]
     assert (serve["server_device"], serve["server_dtype"]) == ("cpu", "torch.bfloat16")
     assert serve["completions"] == 4 * 4 and serve["tokens"] > 0

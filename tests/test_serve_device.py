@@ -50,6 +50,41 @@ def test_a_bad_device_or_dtype_fails_when_the_config_is_built(no_gpu, fields, me
         ServeConfig(**fields)
 
 
+def test_threads_are_one_on_the_cpu_and_left_to_torch_on_a_gpu(gpu):
+    """Only the CPU (a run's processes share its few cores) or an explicit number sets them."""
+    from grpo_lab.core.devices import default_threads
+
+    assert ServeConfig().threads() is None  # auto = cuda here: torch keeps its own
+    assert ServeConfig(device="cpu").threads() == 1
+    assert ServeConfig(num_threads=4).threads() == 4  # asked for: on any device
+    assert [default_threads(d) for d in ("cuda", "cuda:1", "cpu", "auto")] == [None, None, 1, None]
+    assert default_threads("cuda", 2) == 2
+
+
+def test_a_memory_share_caps_only_a_cuda_device(monkeypatch):
+    from grpo_lab.core.devices import cap_gpu_memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device: calls.append((fraction, device)))
+    cap_gpu_memory("cuda", 0.21)
+    cap_gpu_memory("cuda:1", 1)
+    cap_gpu_memory("cpu", 0.5)
+    cap_gpu_memory("cuda", None)
+    assert calls == [(0.21, None), (1.0, 1)]  # None: the current device
+    assert all(isinstance(fraction, float) for fraction, _ in calls)  # torch takes floats only
+
+
+def test_threads_stay_one_without_a_gpu(no_gpu):
+    from grpo_lab.core.devices import default_threads
+
+    assert ServeConfig().threads() == 1 and default_threads("auto") == 1
+    with pytest.raises(ValueError, match="num_threads must be >= 1"):
+        ServeConfig(num_threads=0)
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        ServeConfig(gpu_memory_utilization=1.5)
+
+
 def test_serve_takes_device_and_dtype_flags():
     from grpo_lab.cli.flags import config_from_args
     from grpo_lab.cli.main import build_parser

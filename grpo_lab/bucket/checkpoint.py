@@ -1,8 +1,9 @@
 """Trainer checkpoints in the bucket, so that a preempted trainer job resumes where it stopped.
 
-A checkpoint (`checkpoints/step-000012/`: adapter or model, optimizer, state, RNG) is written
-atomically, as adapters are, and always holds full weights and optimizer state, so one written
-by N trainer processes loads under M (docs/internals.md, "Checkpoints").
+A checkpoint (`checkpoints/step-000012/`: adapter or model, optimizer, state, RNGs: the CPU's,
+and on a GPU the CUDA ones) is written atomically, as adapters are, and always holds full
+weights and optimizer state, so one written by N trainer processes loads under M
+(docs/internals.md, "Checkpoints").
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import torch
 from ..core.atomic import atomic_folder
 
 STEP_RE = re.compile(r"step-(\d+)")
+CUDA_RNG_FILE = "cuda_rng.pt"
+"""The CUDA generators' states, one per GPU, in a checkpoint saved where CUDA was available
+(optional: a checkpoint from a CPU run has none, and a CPU resume skips it)."""
 
 
 class Checkpoints:
@@ -56,6 +60,8 @@ class Checkpoints:
             model.save_pretrained(staging / "adapter")
             torch.save(optimizer_state, staging / "optimizer.pt")
             torch.save(torch.get_rng_state(), staging / "rng.pt")
+            if torch.cuda.is_available():  # one state per GPU this process sees
+                torch.save(torch.cuda.get_rng_state_all(), staging / CUDA_RNG_FILE)
             full = {"step": step, "version": trainer.version,
                     "sampler_rng": _encode_random_state(trainer.rng.getstate()), **state}
             (staging / "state.json").write_text(json.dumps(full, indent=2))
@@ -91,6 +97,10 @@ class Checkpoints:
         if processes is None or not processes.is_fsdp:
             trainer.optimizer.load_state_dict(optimizer_state)
         torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        if (path / CUDA_RNG_FILE).exists() and torch.cuda.is_available():
+            cuda_states = torch.load(path / CUDA_RNG_FILE, weights_only=True)
+            # as many GPUs as there are here (a checkpoint may come from a larger machine)
+            torch.cuda.set_rng_state_all(cuda_states[:torch.cuda.device_count()])
         trainer.rng.setstate(_decode_random_state(state["sampler_rng"]))
         trainer.step_count = state["step"]
         trainer.version = state["version"]

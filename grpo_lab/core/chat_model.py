@@ -135,7 +135,7 @@ def build_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenize
     return tokenizer
 
 
-def _tokenizer_corpus(problems: list[Problem]) -> list[str]:
+def tokenizer_corpus(problems: list[Problem]) -> list[str]:
     """What the tokenizer learns merges from: the role names, the system prompt, the problems."""
     return ["system", "user", "assistant", SYSTEM_PROMPT] + [
         text for p in problems for text in (p.prompt, p.answer)]
@@ -197,7 +197,7 @@ def _build(recipe: ChatModelRecipe, out_dir: Path, progress: bool, start: float)
     seen = {p.prompt for p in train + test}
     validation = as_problems(word_problems(recipe.validation_size, recipe.seed + 1_000_003,
                                            exclude=seen))  # a seed of its own
-    tokenizer = build_bpe_tokenizer(_tokenizer_corpus(train), recipe.vocab_size)
+    tokenizer = build_bpe_tokenizer(tokenizer_corpus(train), recipe.vocab_size)
     model = build_untrained_chat_model(recipe, tokenizer)
     # Room for the longest answer of the validation sample and its <|im_end|>, plus a token.
     answer_lengths = tokenizer([p.answer for p in validation])["input_ids"]

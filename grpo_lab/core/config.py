@@ -5,14 +5,17 @@ Invalid values fail here, at construction, with a message that says what to chan
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .devices import DTYPES
 from .grpo_loss import LOSS_TYPES
-from .reward_set import RewardSet
+from .reward_set import RewardSet, reward_spec
 from .sampler_correction import IS_MODES
+from .sampling_settings import sampling_problems
 from .tasks import TASKS, make_task, with_few_shot
 
 LR_SCHEDULES = ("constant", "linear")
@@ -45,12 +48,12 @@ class GRPOConfig:
     answer_column: str = "answer"
     """Column holding the reference answer the reward compares against; a dotted name reads a
     nested field (`reward_model.ground_truth`)."""
-    reward: str = "exact_match"
+    reward: str | Callable | list[str | Callable] = "exact_match"
     """Reward functions, comma separated: `exact_match`, `math_answer`, `format`, or
-    `module:function` from your code; the first is what evaluation counts
-    (grpo_lab.core.reward_set)."""
-    reward_weights: str | None = None
-    """One weight per reward, comma separated (None = 1 each): `1,0.2`."""
+    `module:function` from your code; in Python also a function with TRL's signature, or a list
+    of names and functions. The first is what evaluation counts (grpo_lab.core.reward_set)."""
+    reward_weights: str | list[float] | None = None
+    """One weight per reward, comma separated or a list (None = 1 each): `1,0.2`."""
     system_prompt: str | None = None
     """System message put before each prompt (models with a chat template only)."""
     few_shot: int = 0
@@ -79,6 +82,10 @@ class GRPOConfig:
     shared_prompt_max_tokens: int = 512
     """Longest group row (prompt + G completions) laid out so; a batch with a longer one gets a
     row per sequence (the row's mask and attention grow with its square)."""
+    token_budget: int | None = None
+    """Forward tokens per micro-batch, padding included (None = the whole step in one pass):
+    a step's gradient accumulated over passes that each fit in memory, the same loss and
+    gradient as one pass (grpo_lab.train.packing)."""
 
     # --- the GRPO batch ---
     steps: int = 200
@@ -88,10 +95,28 @@ class GRPOConfig:
     num_generations: int = 8
     """G: completions sampled per prompt; advantages are relative within these G."""
     max_new_tokens: int | None = None
-    """Completion length cap (None = the task's longest answer in characters + 2; set it for
-    datasets of worked solutions, e.g. 256 for GSM8K)."""
+    """Completion length cap. None = the task's longest answer in characters + 2 for the
+    built-in tasks, 256 (TRL's default) for a dataset; the trainer warns when most of a step's
+    completions reach it."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities are computed at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling, in (0, 1] (TRL's default 1 = every token). This and the fields down to
+    `stop` go to the inference servers only (grpo_lab.core.sampling_settings); off their
+    defaults the sampler's logprobs are no longer the trainer's."""
+    top_k: int = 0
+    """Only the k most likely tokens (TRL's default 0 = off; -1 = off too, as in vLLM)."""
+    min_p: float | None = None
+    """Drop tokens less likely than min_p times the most likely one, in [0, 1] (None = off)."""
+    repetition_penalty: float = 1.0
+    """CTRL's penalty on tokens already in the prompt or the completion, > 0 (1 = off)."""
+    stop_token_ids: str | list[int] | None = None
+    """Token ids that end a completion besides EOS: a list, or comma separated on the command line
+    (`151643,151645`); None = EOS only. Computed at construction: always a list or None."""
+    stop: str | list[str] | None = None
+    """Strings that end a completion (vLLM's `stop`): one, or a list (`"['</a>', '###']"` on the
+    command line); None = none. Computed at construction: a list or None. grpo_lab's own server
+    refuses them: use stop_token_ids."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025): drop the groups whose G rewards are all equal
     (advantage 0: no learning signal) and sample more prompts until the step has
@@ -196,12 +221,15 @@ class GRPOConfig:
             )
         if self.temperature <= 0:
             problems.append(f"temperature must be > 0 for sampling (got {self.temperature})")
+        problems += sampling_problems(self)  # and stop_token_ids, stop made lists
         if self.use_lora and self.lora_rank < 1:
             problems.append(f"lora_rank must be >= 1 (got {self.lora_rank})")
         for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every",
                      "dynamic_sampling_max_rounds", "shared_prompt_max_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.token_budget is not None and self.token_budget < 1:
+            problems.append(f"token_budget must be >= 1 (got {self.token_budget})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
         if self.lr_scheduler_type not in LR_SCHEDULES:
@@ -269,7 +297,13 @@ class GRPOConfig:
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as JSON takes them: a reward function as `module:function` when that
+        imports it back, else its name with a note (grpo_lab.core.reward_set's `reward_spec`)."""
+        reward = self.reward
+        saved = ([reward_spec(r) for r in reward] if isinstance(reward, list | tuple)
+                 else reward_spec(reward))
+        return {f.name: saved if f.name == "reward" else copy.deepcopy(getattr(self, f.name))
+                for f in fields(self)}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

@@ -1,9 +1,10 @@
 """Tasks from datasets: problems read from a file, a folder or the Hugging Face hub.
 
 `DatasetTask` gives a dataset's rows the `Task` interface of the synthetic tasks: one `Problem`
-per row (a prompt column, text or a conversation, and an answer column), a held-out set (a split,
-or a seeded share of the rows never trained on) and stateless uniform sampling. Every source is
-read by `datasets.load_dataset` (docs/internals.md, "Tasks from datasets").
+per row (a prompt column, text or a conversation, and an answer column; the row's other columns
+ride along for the rewards, as TRL passes them), a held-out set (a split, or a seeded share of the
+rows never trained on) and stateless uniform sampling. Every source is read by
+`datasets.load_dataset` (docs/internals.md, "Tasks from datasets").
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ class DatasetTask(Task):
     def max_answer_chars(self) -> int:
         """The longest reference answer, held-out ones included."""
         return self._max_answer_chars
+
+    @property
+    def default_max_new_tokens(self) -> int:
+        """TRL's default completion length: a dataset's model writes its reasoning before the
+        answer, which no answer column bounds (GSM8K's solutions run to ~300 tokens)."""
+        return max(DATASET_MAX_NEW_TOKENS, self.max_answer_chars + 2)
+
+
+DATASET_MAX_NEW_TOKENS = 256
+"""TRL GRPOConfig's `max_completion_length` default: the cap of a dataset's completions unless
+`max_new_tokens` is given."""
 
 
 def load_dataset_task(source: str | Path, *, split: str = "train",
@@ -178,10 +190,14 @@ def _problems(rows, where: str, prompt_column: str | None, answer_column: str) -
         if column not in columns:
             raise ValueError(f"{where} has no {kind} column {column!r}; its columns are "
                              f"{columns}: name one with {kind}_column=")
+    # Every column but the prompt travels with its problem, for the rewards (TRL passes them).
+    others = [c for c in columns if c != prompt_column]
+    extras = rows.select_columns(others).to_list() if others else [{}] * len(rows)
     problems = []
     for i, (prompt, answer) in enumerate(zip(rows[prompt_column], rows[answer_column])):
         row = f"{where}[{i}]"
-        problems.append(Problem(_checked_prompt(prompt, row), _checked_answer(answer, row)))
+        problems.append(Problem(_checked_prompt(prompt, row), _checked_answer(answer, row),
+                                extras[i]))
     return problems
 
 

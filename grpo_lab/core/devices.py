@@ -3,6 +3,7 @@
     device  auto      CUDA when torch sees a GPU, else CPU
     dtype   auto      bfloat16 on a GPU (half the memory of float32, and what the recipe trains
                       in), float32 on a CPU (bfloat16 matmuls are slow there and change results)
+    threads default   1 on a CPU (a run's processes share a few cores), torch's own on a GPU
 
 Whatever the weights' dtype, log-probabilities are computed in float32
 (grpo_lab.core.grpo_loss.token_logprobs upcasts the logits): the ratio pi_theta / pi_old is a
@@ -37,3 +38,23 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r}: choose auto or one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def default_threads(device: str, asked: int | None = None) -> int | None:
+    """torch intra-op threads for a process on `device` (`auto`, `cpu`, `cuda:1`...): `asked`
+    when given; 1 on the CPU, where a run's processes share a few cores and a second thread each
+    slows them all down; None on a GPU: leave torch's own (OMP_NUM_THREADS, else every core)."""
+    if asked:
+        return asked
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return 1 if device.split(":")[0] == "cpu" else None
+
+
+def cap_gpu_memory(device: str, fraction: float | None) -> None:
+    """Let this process allocate at most `fraction` of CUDA `device`'s memory (an out-of-memory
+    error beyond it), so that processes sharing one GPU each keep to their part. Nothing on the
+    CPU or without a fraction."""
+    if fraction and device.startswith("cuda"):
+        # an index, or None: the current device (torch.device("cuda") itself is refused)
+        torch.cuda.set_per_process_memory_fraction(float(fraction), torch.device(device).index)

@@ -10,7 +10,13 @@ import inspect
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+)
 
 from .prompts import Prompt, encode_prompts
 
@@ -53,23 +59,53 @@ class Completions:
                    [c["text"] for c in choices], [c["finish_reason"] for c in choices])
 
 
-def sampling_config(
-    tokenizer, max_new_tokens: int, temperature: float = 1.0, do_sample: bool = True
-) -> GenerationConfig:
-    """A full config so that a hub model's own defaults (top_k=50, penalties...) never leak in."""
+def sampling_config(tokenizer, max_new_tokens: int, do_sample: bool = True) -> GenerationConfig:
+    """A full config so that a hub model's own defaults (top_k=50, penalties...) never leak in.
+    The temperature is `ChosenLogprobs`'s to apply (`sample_from_ids`), so that it sees the
+    processed logits."""
     kwargs = dict(
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
         repetition_penalty=1.0,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        output_scores=True,
-        return_dict_in_generate=True,
     )
     if do_sample:
         # GRPO scores tokens with softmax(logits / T): sampling must not truncate the distribution.
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
     return GenerationConfig(**kwargs)
+
+
+class ChosenLogprobs(LogitsProcessor):
+    """The log-probability of each sampled token, kept as `generate` samples it.
+
+    As the last logits processor it sees the scores the next token is drawn from (after the
+    temperature). It keeps one step's log-softmax, (B, V), and at the next step, when the token
+    drawn from it is the last column of `input_ids`, keeps that token's entry: (B,) a step.
+    Asking `generate` for `output_scores` instead holds every step's (B, V) to the end, which
+    at a real vocabulary (Qwen2.5's 151,936 columns) outgrows the model's own memory."""
+
+    def __init__(self):
+        self.logprobs: list[torch.Tensor] = []  # (B,) per sampled token but the last
+        self.pending: torch.Tensor | None = None  # (B, V): the last step's log-softmax
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def take(self, tokens: torch.Tensor) -> None:
+        """The pending step's log-probabilities of `tokens` (B,), the tokens drawn from it."""
+        if self.pending is not None:
+            self.logprobs.append(self.pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.pending = None
+
+    def finish(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T_new) logprobs of the new tokens, once `generate` returned them."""
+        T = new_ids.shape[1]
+        if len(self.logprobs) < T:  # the last token's step is still pending
+            self.take(new_ids[:, len(self.logprobs)])
+        return torch.stack(self.logprobs[:T], dim=1) if T else new_ids.float()
 
 
 def generate_completions(
@@ -83,6 +119,7 @@ def generate_completions(
     do_sample: bool = True,
     system_prompt: str | None = None,
     chat_template: bool | None = None,
+    with_logprobs: bool = True,
 ) -> Completions:
     """Sample `num_generations` completions per prompt (greedy if `do_sample=False`); prompts are
     text or conversations, turned into ids as TRL does (grpo_lab.core.prompts)."""
@@ -90,7 +127,7 @@ def generate_completions(
                                 chat_template=chat_template)  # no padding: sample_from_ids pads
     return sample_from_ids(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens,
                            num_generations=num_generations, temperature=temperature,
-                           do_sample=do_sample)
+                           do_sample=do_sample, with_logprobs=with_logprobs)
 
 
 def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -102,8 +139,12 @@ def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     cache = DynamicCache()
     mask = prompt_mask[:, :-1]
+    # Only the cache is wanted: one position's logits, not (N, P, V) (where the model allows).
+    takes = inspect.signature(base.forward).parameters
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
     model(input_ids=prompt_ids[:, :-1], attention_mask=mask,
-          position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{name: cache})
+          position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{name: cache},
+          **keep)
     cache.batch_repeat_interleave(num_generations)  # (N, ...) -> (N * G, ...), prompt-major
     return {name: cache}
 
@@ -118,11 +159,13 @@ def sample_from_ids(
     num_generations: int = 1,
     temperature: float = 1.0,
     do_sample: bool = True,
+    with_logprobs: bool = True,
 ) -> Completions:
     """Sample from prompts given as token ids: the one sampling loop of grpo_lab's in-process
     generators (the trainer, the evaluation and LocalGenerator all come here). With G > 1 each
     prompt is prefilled once and its KV cache repeated for its G rows (`shared_prompt_cache`):
-    the same tokens and logprobs, up to float rounding, for 1/G of the prompt's compute."""
+    the same tokens and logprobs, up to float rounding, for 1/G of the prompt's compute.
+    `with_logprobs=False` (an evaluation) leaves each completion's logprobs empty."""
     device = next(model.parameters()).device
     width = max(map(len, prompt_ids))
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -132,16 +175,22 @@ def sample_from_ids(
     cache = {}
     if num_generations > 1 and width > 1:
         cache = shared_prompt_cache(model, ids, mask, num_generations)
+    processors = LogitsProcessorList()
+    if do_sample and temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(temperature))  # scores = logits / T
+    chosen = ChosenLogprobs() if with_logprobs else None
+    if chosen is not None:
+        processors.append(chosen)  # last: it sees what the tokens are drawn from
     out = model.generate(
         input_ids=ids.repeat_interleave(num_generations, 0),  # (B, P), prompt-major
         attention_mask=mask.repeat_interleave(num_generations, 0),
-        generation_config=sampling_config(tokenizer, max_new_tokens, temperature, do_sample),
+        generation_config=sampling_config(tokenizer, max_new_tokens, do_sample),
+        logits_processor=processors,
         **cache,
     )
     rows = [r for r in prompt_ids for _ in range(num_generations)]
-    new_ids = out.sequences[:, width:]  # (B, T_new)
-    scores = torch.stack(out.scores, dim=1).float()  # (B, T_new, V) logits after temperature
-    token_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
+    new_ids = out[:, width:]  # (B, T_new)
+    token_logprobs = chosen.finish(new_ids) if chosen is not None else None
 
     completion_ids, logprobs, finish = [], [], []
     for row in range(new_ids.shape[0]):
@@ -149,7 +198,7 @@ def sample_from_ids(
         # Up to and including the first EOS ("stop"); no EOS within the cap is "length".
         stop = ids.index(eos) + 1 if eos in ids else len(ids)
         completion_ids.append(ids[:stop])
-        logprobs.append(token_logprobs[row, :stop].tolist())
+        logprobs.append(token_logprobs[row, :stop].tolist() if with_logprobs else [])
         finish.append("stop" if eos in ids else "length")
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Completions([list(r) for r in rows], completion_ids, logprobs, texts, finish)

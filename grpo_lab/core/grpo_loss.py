@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .logprobs import model_logprobs, selective_logprobs
+
 # ---------------------------------------------------------------------------------------------
 # 1. Log-probabilities
 
@@ -25,10 +27,10 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     """log softmax(logits / T)[target] per position: (B, T, V), (B, T) -> (B, T).
 
     Dividing by the sampling temperature makes these the log-probabilities of the distribution
-    the tokens were actually sampled from (vLLM's `processed_logprobs`).
+    the tokens were actually sampled from (vLLM's `processed_logprobs`). The log-softmax runs
+    over chunks of positions (grpo_lab.core.logprobs): a real vocabulary's is never whole.
     """
-    logps = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return selective_logprobs(logits, targets, temperature)[0]
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -39,16 +41,13 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
                                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` and the entropy in nats of softmax(logits / T) at each position, from
-    one log-softmax: (B, T, V), (B, T) -> ((B, T), (B, T)).
+    the same log-softmax: (B, T, V), (B, T) -> ((B, T), (B, T)).
 
     The entropy is a metric (no gradient): its mean over completion tokens is TRL's `entropy`.
     A policy whose entropy falls towards 0 samples the same tokens every time (entropy
     collapse), and its groups stop differing.
     """
-    logps = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    with torch.no_grad():
-        entropy = -(logps.exp() * logps).sum(-1)  # H = -sum_v p log p
-    return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+    return selective_logprobs(logits, targets, temperature, entropy=True)
 
 
 def completion_logits(
@@ -71,18 +70,34 @@ def completion_logits(
     return logits[:, -T - 1 : -1, :]
 
 
+def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                        temperature: float = 1.0, entropy: bool = False):
+    """Per-token log-probabilities of the completions under `model`, (B, T), and the entropy
+    (B, T) or None: `completion_logits` + `token_logprobs_and_entropy`, without the (B, T, V)
+    logits at once (the head runs on the completion positions, chunk by chunk:
+    grpo_lab.core.logprobs.model_logprobs)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask))
+    T = completion_ids.shape[1]
+    # The state at position t predicts token t+1: the T positions before the last.
+    return model_logprobs(model, inputs, lambda x: x[:, -T - 1:-1], completion_ids,
+                          temperature, entropy, logits_to_keep=T + 1)
+
+
 def policy_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                     temperature: float = 1.0) -> torch.Tensor:
     """Per-token log-probabilities of the completions under `model`: (B, T)."""
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    return token_logprobs(logits, completion_ids, temperature)
+    return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               temperature)[0]
 
 
 def policy_logprobs_and_entropy(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """`policy_logprobs` and the policy's per-token entropy, from the same forward: (B, T) each."""
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    return token_logprobs_and_entropy(logits, completion_ids, temperature)
+    return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               temperature, entropy=True)
 
 
 # ---------------------------------------------------------------------------------------------

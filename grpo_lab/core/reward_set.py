@@ -1,15 +1,21 @@
 """Several reward functions, weighted and summed: the reward a GRPO group is compared on.
 
     reward="math_answer,format", reward_weights="1.0,0.2"     correctness, plus a little for form
+    reward=[my_reward, "format"], reward_weights=[1.0, 0.2]   a function of yours, passed as is
 
-As TRL's `reward_funcs` and `reward_weights` (a None score counts as 0); `module:function`
-imports a reward from your code. The first reward is the one the held-out evaluation counts
-(docs/internals.md, "Several rewards").
+As TRL's `reward_funcs` and `reward_weights` (a None score counts as 0). A reward is a built-in
+name, `module:function` (imported from your code), or a callable named by its `__name__`. Each is
+called as TRL calls one, every argument a keyword: `prompts`, `completions`, `completion_ids`
+(when known), `answer` and the problem's other dataset columns. So `def r(completions, **kwargs)`,
+`def r(prompts, completions, **kwargs)` and `def r(completions, answer, **kwargs)` all work. The
+first reward is the one the held-out evaluation counts (docs/internals.md, "Several rewards").
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import math
 import os
 import sys
@@ -20,9 +26,23 @@ import torch
 
 from .rewards import REWARDS
 
+RewardSpec = str | Callable
+"""One reward as a config names it: a built-in name, `module:function`, or the function."""
+
+OFFERED_BY_SCORE = ("prompts", "completions", "completion_ids", "answer")
+"""The keywords `RewardSet.score` fills in itself; a dataset column of the same name is not
+passed (the reference answer is always `answer`, whatever column it was read from)."""
+
+NOT_IMPORTABLE = " (a callable that cannot be imported: pass the function itself)"
+"""How a saved config writes a reward callable that no `module:function` reaches (a lambda, or
+a function defined in a notebook or a script run as __main__)."""
+
 
 def import_reward(spec: str) -> Callable:
     """`module:function` -> the function, with a message that says what is wrong."""
+    if spec.endswith(NOT_IMPORTABLE):
+        raise ValueError(f"reward {spec!r}: this config was saved with a reward function that "
+                         "cannot be imported; pass the function itself as `reward`")
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"unknown reward {spec!r}: choose a built-in one "
@@ -43,19 +63,88 @@ def import_reward(spec: str) -> Callable:
     return fn
 
 
-def parse_weights(text: str | None, count: int) -> list[float]:
-    """`"1,0.2"` -> [1.0, 0.2]; None -> all 1.0."""
-    if text is None or str(text).strip() == "":
+def reward_name(fn: Callable) -> str:
+    """A callable's name, as TRL logs it (`rewards/<__name__>`); a partial is named by its
+    function."""
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
+    return name or type(fn).__name__
+
+
+def reward_spec(reward: RewardSpec) -> str:
+    """A reward as a saved config writes it: a name as it is; a built-in function by its name;
+    another by `module:function` when that imports it back, else its name and NOT_IMPORTABLE."""
+    if isinstance(reward, str):
+        return reward
+    builtin = next((name for name, fn in REWARDS.items() if fn is reward), None)
+    if builtin is not None:
+        return builtin
+    module, qualname = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+    if module and module != "__main__" and qualname.isidentifier():  # not nested, not a lambda
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is reward:
+                return f"{module}:{qualname}"
+        except ImportError:
+            pass
+    return reward_name(reward) + NOT_IMPORTABLE
+
+
+def parse_weights(weights: str | Sequence[float] | None, count: int) -> list[float]:
+    """`"1,0.2"` or [1, 0.2] -> [1.0, 0.2]; None -> all 1.0."""
+    if weights is None or (isinstance(weights, str) and weights.strip() == ""):
         return [1.0] * count
+    items = weights.split(",") if isinstance(weights, str) else list(weights)
     try:
-        weights = [float(w) for w in str(text).split(",")]
-    except ValueError:
-        raise ValueError(f"reward_weights {text!r}: write numbers separated by commas") from None
-    if len(weights) != count:
-        raise ValueError(f"reward_weights {text!r} has {len(weights)} weights for {count} rewards")
-    if not all(math.isfinite(w) for w in weights):
-        raise ValueError(f"reward_weights {text!r}: every weight must be a finite number")
-    return weights
+        values = [float(w) for w in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"reward_weights {weights!r}: write numbers separated by commas, or a "
+                         "list of numbers") from None
+    if len(values) != count:
+        raise ValueError(f"reward_weights {weights!r} has {len(values)} weights for {count} "
+                         "rewards")
+    if not all(math.isfinite(w) for w in values):
+        raise ValueError(f"reward_weights {weights!r}: every weight must be a finite number")
+    return values
+
+
+def call_reward(name: str, fn: Callable, offered: dict) -> list:
+    """`fn(**offered)`; a ValueError naming the reward and the keywords it was offered when its
+    signature cannot take them (a TypeError raised inside it stays a TypeError)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some C callables have none: call and see
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**offered)
+        except TypeError as exc:
+            raise ValueError(
+                f"reward {name!r} cannot be called with the keywords it is offered "
+                f"({', '.join(offered)}): {exc}. Write it as TRL's rewards are written, "
+                f"e.g. `def {name}(completions, **kwargs)`, and read what it needs from "
+                "kwargs") from None
+    return fn(**offered)
+
+
+def _completions_first(fn: Callable) -> bool:
+    """Whether `fn(completions, answer=...)`, as the held-out evaluation calls a reward, passes
+    the completions to it: its first positional parameter is `completions`."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True  # cannot tell: call it as before
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not positional:  # `fn(*args, ...)` takes it; `fn(**kwargs)` needs a keyword
+        return any(p.kind == p.VAR_POSITIONAL for p in params)
+    return positional[0].name == "completions"
+
+
+def _by_keyword(name: str, fn: Callable, completions, **kwargs) -> list[float]:
+    """`fn` called with keywords only, a None score read as 0 (not solved); `prompts` and
+    `completion_ids` are None per completion when the caller does not pass them."""
+    for key in ("prompts", "completion_ids"):
+        kwargs.setdefault(key, [None] * len(completions))
+    values = call_reward(name, fn, {"completions": list(completions), **kwargs})
+    return [0.0 if v is None else v for v in values]
 
 
 @dataclass
@@ -67,34 +156,86 @@ class RewardSet:
     weights: list[float]
 
     @classmethod
-    def parse(cls, rewards: str, weights: str | None = None) -> RewardSet:
-        """From the config's strings: names or `module:function`, comma separated."""
-        specs = [s.strip() for s in str(rewards).split(",") if s.strip()]
-        if not specs:
-            raise ValueError("reward: name at least one reward function")
-        if len(set(specs)) != len(specs):
-            raise ValueError(f"reward {rewards!r} names a reward twice")
-        functions = [REWARDS[s] if s in REWARDS else import_reward(s) for s in specs]
-        return cls(specs, functions, parse_weights(weights, len(specs)))
+    def from_specs(cls, specs: Sequence[RewardSpec],
+                   weights: str | Sequence[float] | None = None) -> RewardSet:
+        """From a list of rewards, each a built-in name, `module:function` or a callable."""
+        specs = [s.strip() if isinstance(s, str) else s for s in specs]
+        if not specs or any(s == "" for s in specs):
+            raise ValueError("reward: name at least one reward function (and no empty name)")
+        for spec in specs:
+            if not isinstance(spec, str) and not callable(spec):
+                raise ValueError(f"reward {spec!r}: give a name, `module:function` or a "
+                                 "function")
+        names = [s if isinstance(s, str) else reward_name(s) for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward {names} names a reward twice (a function is named by its "
+                             "__name__: give each its own)")
+        functions = [s if callable(s) else REWARDS[s] if s in REWARDS else import_reward(s)
+                     for s in specs]
+        return cls(names, functions, parse_weights(weights, len(specs)))
+
+    @classmethod
+    def parse(cls, rewards: RewardSpec | Sequence[RewardSpec],
+              weights: str | Sequence[float] | None = None) -> RewardSet:
+        """From the config's `reward`: names or `module:function`, comma separated; a
+        function; or a list of either."""
+        if isinstance(rewards, str):
+            specs = [s for s in rewards.split(",") if s.strip()]
+        elif callable(rewards):
+            specs = [rewards]
+        elif isinstance(rewards, Sequence):
+            specs = list(rewards)
+        else:
+            raise ValueError(f"reward {rewards!r}: give names (comma separated), a function, "
+                             "or a list of either")
+        return cls.from_specs(specs, weights)
 
     @property
     def correctness(self) -> Callable:
-        """The first reward: what the held-out evaluation counts."""
-        return self.functions[0]
+        """The first reward: what the held-out evaluation counts, as `fn(completions,
+        answer=...)`. One whose first parameter is not `completions` is called by keyword."""
+        fn = self.functions[0]
+        return fn if _completions_first(fn) else functools.partial(_by_keyword, self.names[0], fn)
 
-    def score(self, completions: Sequence, answers: Sequence[str], prompts: Sequence | None = None
+    def score(self, completions: Sequence, answers: Sequence[str], prompts: Sequence | None = None,
+              *, completion_ids: Sequence[Sequence[int]] | None = None,
+              columns: Sequence[dict] | None = None,
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(weighted sum per completion, each reward per completion), tensors of shape (B,)."""
+        """(weighted sum per completion, each reward per completion), tensors of shape (B,).
+
+        Every argument is one entry per completion (B of them, a prompt's repeated G times):
+        `completion_ids` the sampled token ids, `columns` each problem's other dataset columns
+        (`Problem.columns`), passed to the rewards as keywords, one list per column."""
+        B = len(completions)
+        offered = {"prompts": list(prompts or []), "completions": list(completions)}
+        if completion_ids is not None:
+            offered["completion_ids"] = [list(ids) for ids in completion_ids]
+        offered["answer"] = list(answers)
+        offered.update(self._column_lists(columns, B))
+        for key in ("answer", "completion_ids"):
+            if key in offered and len(offered[key]) != B:
+                raise ValueError(f"{len(offered[key])} values of {key} for {B} completions")
         per_reward = {}
         for name, fn in zip(self.names, self.functions):
-            values = fn(list(completions), prompts=list(prompts or []), answer=list(answers))
-            if values is None or len(values) != len(completions):
+            values = call_reward(name, fn, offered)
+            if values is None or len(values) != B:
                 raise ValueError(f"reward {name!r} returned {len(values or [])} values for "
-                                 f"{len(completions)} completions")
+                                 f"{B} completions")
             per_reward[name] = torch.tensor([math.nan if v is None else float(v) for v in values])
         total = sum(w * torch.nan_to_num(per_reward[n], nan=0.0)
                     for n, w in zip(self.names, self.weights))
         return total.float(), per_reward
+
+    @staticmethod
+    def _column_lists(columns: Sequence[dict] | None, count: int) -> dict[str, list]:
+        """[{column: value}] per completion -> {column: [value per completion]} (None where a
+        row lacks the column), leaving out the keywords `score` fills in itself."""
+        if columns is None:
+            return {}
+        if len(columns) != count:
+            raise ValueError(f"{len(columns)} rows of columns for {count} completions")
+        names = dict.fromkeys(k for row in columns for k in row if k not in OFFERED_BY_SCORE)
+        return {k: [row.get(k) for row in columns] for k in names}
 
     @staticmethod
     def metrics(per_reward: dict[str, torch.Tensor]) -> dict[str, float]:

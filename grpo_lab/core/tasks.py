@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .prompts import Prompt, prompt_key
 
@@ -25,6 +25,10 @@ from .prompts import Prompt, prompt_key
 class Problem:
     prompt: Prompt  # text, or a conversation (unhashable: compare prompts by `prompt_key`)
     answer: str
+    columns: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """The dataset row's other columns by name (empty for the synthetic tasks): the rewards get
+    them as keywords, as TRL passes a dataset's columns (grpo_lab.core.reward_set). Left out of
+    equality and repr: a problem is its prompt and answer."""
 
 
 class Task(ABC):
@@ -58,6 +62,12 @@ class Task(ABC):
     @abstractmethod
     def max_answer_chars(self) -> int:
         """The longest answer, in characters: a bound for `max_new_tokens`."""
+
+    @property
+    def default_max_new_tokens(self) -> int:
+        """The completion cap when none is given: the longest answer + 2 (an answer-only task
+        whose model answers in one token per character, then EOS)."""
+        return self.max_answer_chars + 2
 
     def eval_set(self) -> list[Problem]:
         """The fixed held-out problems (same list on every call)."""
@@ -134,7 +144,7 @@ class PrefixedTask(Task):
         if not isinstance(problem.prompt, str):
             raise ValueError(f"{self.name}: a prompt prefix needs text prompts, this one is a "
                              "conversation (give the model a system_prompt instead)")
-        return Problem(self.prefix + problem.prompt, problem.answer)
+        return Problem(self.prefix + problem.prompt, problem.answer, problem.columns)
 
     def _draw(self, rng: random.Random) -> Problem:
         return self._prefixed(self.task._draw(rng))

@@ -4,13 +4,15 @@
 backend (a process per job) or HF Jobs (a job each, grpo_lab installed from a wheel in the
 bucket). The replicas start as the reference's `run_vllm_job.sh` starts vLLM; the proxy runs
 inside the trainer job on HF Jobs, as a job of its own locally (docs/internals.md, "The plan";
-docs/recipe.md, "Running the jobs").
+docs/recipe.md, "Running the jobs"). Locally on GPUs each job is given its own
+(grpo_lab.jobs.local_devices), or a share of one.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ from ..proxy.process import proxy_args
 from ..serving.process import GRPO_LAB
 from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
+from .local_devices import assign_devices, threads_per_process, visible_gpus
 from .recipe_config import RecipeConfig
 from .replica_commands import (  # noqa: F401 (max_lora_rank: the plan's API)
     block_size_flags,
@@ -45,6 +48,7 @@ from .trainer_args import (  # noqa: F401 (DEFAULT_TRAINER_ARGS, LOCAL_RUN_DIR: 
     DEFAULT_TRAINER_ARGS,
     LOCAL_RUN_DIR,
     default_trainer_args,
+    fsdp_launcher,
     trainer_launcher,
 )
 
@@ -56,6 +60,10 @@ HF_HOME = "/tmp/hf"
 
 WHEELS_DIR = "wheels"
 """Folder of the bucket that carries the grpo_lab wheel to the HF jobs."""
+
+ACCELERATE = (sys.executable, "-m", "accelerate.commands.accelerate_cli")
+"""`accelerate` as this interpreter runs it: a local trainer on several GPUs starts under it."""
+
 
 def preset_config(name: str, **fields) -> RecipeConfig:
     """The preset `name` as a RecipeConfig, `fields` replacing its values."""
@@ -142,20 +150,34 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     mount = str(bucket)
     model = cfg.base_model or "tiny"
     engine = cfg.engine or "grpo-lab"
+    # Devices (grpo_lab.jobs.local_devices): without a GPU every job on the CPU, one thread
+    # each; with GPUs, a GPU per replica if there are enough and the rest to the trainer.
+    devices = assign_devices(visible_gpus(), cfg.replicas, cfg.gpu_memory_utilization)
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if devices:  # the cores split between the processes, unless OMP_NUM_THREADS is set here
+        del env["OMP_NUM_THREADS"]  # (then every job inherits the user's own)
+        if "OMP_NUM_THREADS" not in os.environ:
+            processes = cfg.replicas + len(devices["trainer"].gpus)
+            env["OMP_NUM_THREADS"] = str(threads_per_process(processes))
     jobs, upstreams = [], []
     for i in range(cfg.replicas):
         port = free_port()
         replica_env = dict(env)
+        device = devices.get(f"replica-{i}")
+        if device:
+            replica_env["CUDA_VISIBLE_DEVICES"] = device.cuda_visible_devices
         if engine == "vllm" and vllm_is_cpu_build():
             command, cpu_env = vllm_cpu_replica(model, port, cfg)
             replica_env.update(cpu_env)
         elif engine == "vllm":
-            command = vllm_replica_args(model, "127.0.0.1", port, cfg)
-        else:
+            share = replace(cfg, gpu_memory_utilization=device.memory_fraction) if device else cfg
+            command = vllm_replica_args(model, "127.0.0.1", port, share)
+        else:  # on the CPU one thread; on a GPU torch's own threads and a share of its memory
+            flags = ({"gpu_memory_utilization": device.memory_fraction} if device
+                     else {"num_threads": 1})
             command = [*GRPO_LAB, *grpo_lab_replica_args(model, "127.0.0.1", port, cfg, mount,
-                                                          num_threads=1)]
+                                                          **flags)]
         url = f"http://127.0.0.1:{port}"
         upstreams.append(url)
         jobs.append(JobSpec(
@@ -171,8 +193,14 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
         health_url=f"{proxy_url}/health",
         health_timeout_s=cfg.health_timeout_s, depends_on=[j.name for j in jobs]))
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}")
+    trainer_env, launcher = dict(env), list(GRPO_LAB)
+    if devices:
+        trainer_env["CUDA_VISIBLE_DEVICES"] = devices["trainer"].cuda_visible_devices
+        if len(devices["trainer"].gpus) > 1:  # one process per GPU, as an h200x2 trainer job
+            launcher = fsdp_launcher(len(devices["trainer"].gpus), ACCELERATE,
+                                     main_process_port=free_port())
     jobs.append(JobSpec(
-        name="trainer", command=[*GRPO_LAB, *trainer], env=dict(env),
+        name="trainer", command=[*launcher, *trainer], env=trainer_env,
         secrets=_api_key_secrets(), volumes=[BucketMount(mount, mount, read_only=False)],
         depends_on=["proxy"]))
     return RunPlan(jobs, name=run_name, backend="local")

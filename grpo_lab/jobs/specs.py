@@ -140,6 +140,9 @@ class JobSpec:
             lines.append(f"  bucket:  {v.source} at {v.mount_path} ({mode})")
         if self.ports:
             lines.append(f"  ports:   {', '.join(map(str, self.ports))}")
+        if "CUDA_VISIBLE_DEVICES" in self.env:  # a local plan's devices (jobs.local_devices)
+            lines.append(f"  gpus:    {self.env['CUDA_VISIBLE_DEVICES'] or 'none'}"
+                         + _memory_share(self.command))
         if self.health_url:
             lines.append(f"  health:  {self.health_url} (wait up to {self.health_timeout_s:g} s)")
         if self.env:
@@ -148,6 +151,14 @@ class JobSpec:
             lines.append(f"  secrets: {', '.join(self.secrets)} (values from your environment)")
         lines.append(f"  command: {shlex.join(self.command)}")
         return "\n".join(lines)
+
+
+def _memory_share(command: list[str]) -> str:
+    """` (memory share 0.42)` for a replica given a part of its GPU's memory."""
+    flag = "--gpu-memory-utilization"
+    if flag in command[:-1]:
+        return f" (memory share {command[command.index(flag) + 1]})"
+    return ""
 
 
 @dataclass

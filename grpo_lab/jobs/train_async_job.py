@@ -25,9 +25,11 @@ from typing import ClassVar
 from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints, full_state
 from ..core.jsonl import read_jsonl
+from ..core.sampling_settings import sampling_settings
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
+from ..rollout.replica_check import check_replicas
 from ..train.distributed import is_main_process
 from ..train.metrics import read_metrics
 from .trainer_job import TrainerJobConfig, check_trainer_settings
@@ -104,6 +106,21 @@ def copy_whole(source: Path, destination: Path, names=LOG_FILES) -> None:
     for name in names:
         if (source / name).is_file():
             shutil.copyfile(source / name, destination / name)
+
+
+# -- step 0: the replicas serve the trainer's base model ------------------------------------------
+def check_base_model(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> None:
+    """Refuse to start when a replica serves another base model than `config.model` (its
+    adapters would be loaded onto the wrong weights); say which replicas could not be asked."""
+    if not job.check_base_model:
+        return
+    from ..train.policy_model import resolve_model_path  # builds a `tiny` model if not cached
+
+    path = str(resolve_model_path(config))
+    cards, unreachable = check_replicas(job.server_url, config.model, path, api_key=job.api_key)
+    for replica, why in unreachable.items():
+        print(f"base model check: could not ask {replica}/v1/models ({why}); checked "
+              f"{', '.join(cards)}", flush=True)
 
 
 # -- step 1: the run folder ---------------------------------------------------------------------
@@ -228,6 +245,7 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     check_trainer_settings(job.command, config)
     if not is_main_process():
         return follow_main_process(config, job)
+    check_base_model(config, job)
     config, out, published = prepare_run_folder(config, job)
     bucket, checkpoints, latest, state = find_checkpoint(config, job, published)
     previous = recover_logs(out, bucket, latest, state)
@@ -236,7 +254,8 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
                                     log_path=out / "syncs.jsonl", retries=job.request_retries,
                                     published_dir=published if out != published else None,
                                     max_inflight=job.max_inflight,
-                                    request_shape=job.request_shape)
+                                    request_shape=job.request_shape,
+                                    sampling=sampling_settings(config))
     try:
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes when it starts
         trainer.logger.records = list(previous)

@@ -74,5 +74,15 @@ def trainer_launcher(flavor: str) -> list[str]:
     gpus = flavor_gpus(flavor)
     if gpus < 2:
         return ["grpo-lab"]
-    return ["accelerate", "launch", *FSDP2_LAUNCH_FLAGS, "--num_machines", "1",
-            "--num_processes", str(gpus), "-m", "grpo_lab.cli"]
+    return fsdp_launcher(gpus)
+
+
+def fsdp_launcher(processes: int, accelerate: tuple[str, ...] = ("accelerate",),
+                  main_process_port: int | None = None) -> list[str]:
+    """`accelerate launch` with FSDP2 and `processes` processes (one per GPU), then `-m
+    grpo_lab.cli`: the trainer's `grpo-lab` arguments follow. `accelerate`: how accelerate's CLI
+    is called (a local plan: this interpreter, `-m accelerate.commands.accelerate_cli`);
+    `main_process_port`: the processes' rendezvous port (accelerate's default: 29500)."""
+    port = ["--main_process_port", str(main_process_port)] if main_process_port else []
+    return [*accelerate, "launch", *FSDP2_LAUNCH_FLAGS, "--num_machines", "1",
+            "--num_processes", str(processes), *port, "-m", "grpo_lab.cli"]

@@ -33,6 +33,10 @@ class TrainerJobConfig:
     """Most completion requests in flight at once. train-async: default all of a step's (a
     request is one prompt's G completions, or one completion with --request-shape single);
     train-trl-async: TRL's max_inflight_tasks, default max_staleness x samples per step."""
+    check_base_model: bool = True
+    """At start, ask every replica's /v1/models and refuse to train when one serves another base
+    model than --model (grpo_lab.rollout.replica_check); false = skip (e.g. a replica serving a
+    local copy of the hub model under another name)."""
 
     def __post_init__(self):
         if not self.server_url:

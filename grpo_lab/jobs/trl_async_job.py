@@ -18,6 +18,7 @@ from ..core.devices import resolve_device
 from ..core.jsonl import read_jsonl
 from ..rollout import trl_async
 from ..rollout.config import AsyncGRPOConfig
+from ..rollout.replica_check import check_replicas
 from ..rollout.trl_async import LORA_NAME
 from ..rollout.trl_data import max_prompt_tokens, reward_funcs, trl_dataset, with_response_parser
 from .trainer_job import TrainerJobConfig, check_trainer_settings
@@ -73,10 +74,12 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     start_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
     device = resolve_device(config.device)
     model_path = str(GRPOTrainer.resolve_model_path(config))
+    if job.check_base_model:  # the replicas must serve this base model (replica_check)
+        check_replicas(job.server_url, config.model, model_path)
     tokenizer = with_response_parser(AutoTokenizer.from_pretrained(model_path,
                                                                    padding_side="left"))
     task = config.make_task()
-    max_completion_length = config.max_new_tokens or task.max_answer_chars + 2
+    max_completion_length = config.max_new_tokens or task.default_max_new_tokens
     dataset = trl_dataset(config, task)
     prompt_tokens = max_prompt_tokens(dataset, tokenizer) if config.token_budget else 0
     args = trl_async.trl_config(config, job, trl_dir, device, max_completion_length, prompt_tokens)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bucket.adapters import AdapterBucket
+from ..core.sampling_settings import sampling_settings
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
@@ -85,7 +86,7 @@ def run_with_knobs(name: str, server_url: str, bucket_root: str | Path, *, steps
                            max_staleness=config.max_staleness)
     generator = HTTPGenerator(server_url, bucket, max_staleness=config.max_staleness,
                               seed=config.seed, max_inflight=max_inflight,
-                              request_shape=request_shape)
+                              request_shape=request_shape, sampling=sampling_settings(config))
     start = time.perf_counter()
     try:
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes v0 when it starts

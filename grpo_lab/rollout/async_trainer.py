@@ -104,7 +104,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
 
     def _rollout_loop(self, first_batch: int) -> None:
         cfg = self.config
-        torch.set_num_threads(cfg.generator_threads)  # this thread's intra-op pool only
+        self._set_threads(cfg.generator_threads)  # this thread's intra-op pool only
         batch_index = first_batch
         try:
             while not self._stop.is_set():
@@ -150,7 +150,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
     def start_steps(self) -> None:
         """Start the rollout worker (called by `train()` after the initial evaluation)."""
         cfg = self.config
-        torch.set_num_threads(cfg.trainer_threads)
+        self._set_threads(cfg.trainer_threads)
         self._started_at = time.perf_counter()
         if self._worker is not None and self._worker.is_alive():
             return
@@ -196,13 +196,18 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
         return batch.to(self.device), out, parts
 
+    def _set_threads(self, count: int) -> None:
+        """The calling thread's torch threads, on the CPU only: on a GPU the kernels run there
+        and torch's default is left alone."""
+        if torch.device(self.device).type == "cpu" and torch.get_num_threads() != count:
+            torch.set_num_threads(count)
+
     def _pick_threads(self, _micro_batch=None) -> None:
         cfg = self.config
         wanted = cfg.trainer_threads
         if cfg.asynchronous and cfg.trainer_idle_threads and not self._worker_busy.is_set():
             wanted = cfg.trainer_idle_threads
-        if torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
+        self._set_threads(wanted)
 
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
         """Stage 4 over token-budget micro-batches; same loss and gradient as one pass."""
@@ -218,13 +223,14 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         metrics: dict[str, float] = {}
         optimizer_s = 0.0
         for iteration in range(cfg.num_iterations):
-            loss, metrics = accumulate_grpo_loss(
-                self.train_model, micro_batches, temperature=cfg.temperature,
-                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
-                epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
-                max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
-                on_logprobs=proximal if iteration == 0 else None, processes=self.processes,
-                use_bias_correction_kl=cfg.use_bias_correction_kl)
+            with self.autocast():
+                loss, metrics = accumulate_grpo_loss(
+                    self.train_model, micro_batches, temperature=cfg.temperature,
+                    loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
+                    epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
+                    max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
+                    on_logprobs=proximal if iteration == 0 else None, processes=self.processes,
+                    use_bias_correction_kl=cfg.use_bias_correction_kl)
             start = time.perf_counter()
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
             optimizer_s += time.perf_counter() - start
@@ -315,9 +321,9 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
                                       cfg.num_generations)
             return [e.item for e in entries], [e.staleness for e in entries], pipeline
         self.publish_current()  # step() called directly, outside train()
-        torch.set_num_threads(cfg.generator_threads)
+        self._set_threads(cfg.generator_threads)
         groups = self.produce(self.version)
-        torch.set_num_threads(cfg.trainer_threads)
+        self._set_threads(cfg.trainer_threads)
         return groups, [0], inline_metrics(time.perf_counter() - start)
 
     def _delta(self, name: str) -> float:

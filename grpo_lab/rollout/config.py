@@ -31,15 +31,13 @@ class AsyncGRPOConfig(GRPOConfig):
     objective; grpo_lab.core.sampler_correction). TRL's `kl` (sampler vs policy) is logged
     either way."""
 
-    # --- micro-batching ---
-    token_budget: int | None = None
-    """Forward tokens per micro-batch, padding included (None = the whole step in one pass)."""
+    # --- micro-batching (token_budget: grpo_lab.core.config.GRPOConfig) ---
     pack_sequences: bool = False
     """Pack several sequences per row with a block-diagonal mask (needs token_budget)."""
     pack_row_tokens: int = 64
     """Row length when packing; the dense mask costs row_tokens^2 per row, so keep it short."""
 
-    # --- threads (torch's intra-op thread count is per calling thread) ---
+    # --- threads (torch's intra-op thread count is per calling thread; CPU runs only) ---
     generator_threads: int = 1
     """torch intra-op threads of the rollout worker."""
     trainer_threads: int = 1
@@ -62,8 +60,6 @@ class AsyncGRPOConfig(GRPOConfig):
         if self.buffer_size is not None and self.buffer_size < self.prompts_per_step:
             problems.append(f"buffer_size must hold one step's {self.prompts_per_step} groups "
                             f"(got {self.buffer_size})")
-        if self.token_budget is not None and self.token_budget < 1:
-            problems.append(f"token_budget must be >= 1 (got {self.token_budget})")
         if self.pack_sequences and self.token_budget is None:
             problems.append("pack_sequences needs a token_budget")
         if self.trainer_idle_threads is not None and self.trainer_idle_threads < 1:

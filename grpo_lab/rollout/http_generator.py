@@ -3,9 +3,9 @@
 It swaps `LocalGenerator` for a server (or a proxy in front of several) without touching the
 training loop. `publish` is TRL's adapter-only LoRA sync (the bucket, pause, load `policy-vN`,
 resume, unload the version `max_staleness + 1` behind); `generate` sends /v1/completions requests
-in the "group" (n = G) or "single" (G of n = 1, TRL's) shape. Every version has its own name
-(docs/internals.md, "Generators"; docs/serving-api.md, "How TRL's AsyncGRPOTrainer drives a
-server").
+in the "group" (n = G) or "single" (G of n = 1, TRL's) shape, with the config's sampling settings
+(`request_body`). Every version has its own name (docs/internals.md, "Generators";
+docs/serving-api.md, "How TRL's AsyncGRPOTrainer drives a server").
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 from ..bucket.adapters import AdapterBucket, adapter_name
 from ..core.generation import Completions
+from ..core.sampling_settings import SAMPLING_FIELDS
 from ..serving.client import BlockingClient, ServerError
 
 RETRY_STATUSES = (502, 503, 504)
@@ -26,6 +27,32 @@ REQUEST_SHAPES = ("group", "single")
 """One request with n = G per prompt, or G requests with n = 1 per prompt (TRL's)."""
 
 
+def request_body(prompt_ids: list[int], *, model: str, n: int, max_tokens: int,
+                 temperature: float, seed: int, sampling: dict | None = None) -> dict:
+    """One /v1/completions request (docs/serving-api.md): `n` samples of policy `model` after
+    `prompt_ids`, with the sampled tokens' ids and logprobs. Every sampling parameter is named,
+    so the server's defaults (a model card's, without `--generation-config vllm`) never choose;
+    by default untruncated (top_p 1, top_k 0, min_p 0, no penalty), as a trainer scoring
+    log_softmax(logits / T) needs. Stop strings and ids go only when set."""
+    sampling = {**dict.fromkeys(SAMPLING_FIELDS), **(sampling or {})}
+    unknown = set(sampling) - set(SAMPLING_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown sampling settings {sorted(unknown)} (known: "
+                         f"{SAMPLING_FIELDS})")
+    body = {"prompt": list(prompt_ids), "model": model, "n": n, "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": float(1.0 if sampling["top_p"] is None else sampling["top_p"]),
+            "top_k": int(sampling["top_k"] or 0),
+            "min_p": float(sampling["min_p"] or 0.0),
+            "repetition_penalty": float(1.0 if sampling["repetition_penalty"] is None
+                                        else sampling["repetition_penalty"]),
+            "seed": seed, "logprobs": 0, "return_token_ids": True}
+    for name in ("stop", "stop_token_ids"):  # grpo_lab's server refuses `stop` strings
+        if sampling[name]:
+            body[name] = list(sampling[name])
+    return body
+
+
 class HTTPGenerator:
     """Samples from policy versions loaded on an inference server; publishes through a bucket."""
 
@@ -33,12 +60,15 @@ class HTTPGenerator:
                  max_staleness: int = 1, load_timeout_s: float = 60.0,
                  retry_every_s: float = 0.25, seed: int | None = None,
                  request_timeout_s: float = 600.0, retries: int = 0,
-                 max_inflight: int | None = None, request_shape: str = "group"):
+                 max_inflight: int | None = None, request_shape: str = "group",
+                 sampling: dict | None = None):
         if max_inflight is not None and max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1 or None (got {max_inflight})")
         if request_shape not in REQUEST_SHAPES:
             raise ValueError(f"request_shape must be one of {REQUEST_SHAPES} "
                              f"(got {request_shape!r})")
+        request_body([], model="", n=1, max_tokens=1, temperature=1.0, seed=0,
+                     sampling=sampling)  # unknown settings fail here, not mid-run
         self.bucket = bucket
         self.max_staleness = max_staleness
         self.load_timeout_s, self.retry_every_s = load_timeout_s, retry_every_s
@@ -58,6 +88,10 @@ class HTTPGenerator:
         self.request_shape = request_shape
         """"group": one request per prompt with n = G; "single": G requests of n = 1 per
         prompt (TRL's rollout worker, the blog's)."""
+        self.sampling = dict(sampling or {})
+        """top_p, top_k, min_p, repetition_penalty, stop, stop_token_ids of every request
+        (grpo_lab.core.sampling_settings' `sampling_settings(config)`; unset = untruncated);
+        temperature and max_tokens come with each `generate` call."""
         self.max_inflight = max_inflight
         """Most completion requests in flight at once within one `generate` call (None = all of
         its requests at once): the recipe's "client cap on in-flight requests", a knob of the
@@ -137,10 +171,9 @@ class HTTPGenerator:
                 self.inflight_peak = max(self.inflight_peak, self._inflight)
                 self._recent_peak = max(self._recent_peak, self._inflight)
                 try:
-                    return await self.client.client.completions(
+                    return await self.client.client.completions(**request_body(
                         prompt_ids[i], model=name, n=n, max_tokens=max_new_tokens,
-                        temperature=temperature, top_p=1.0, top_k=0, seed=seeds[i],
-                        logprobs=0, return_token_ids=True)
+                        temperature=temperature, seed=seeds[i], sampling=self.sampling))
                 finally:
                     self._inflight -= 1
 

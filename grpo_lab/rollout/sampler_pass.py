@@ -48,22 +48,8 @@ class ProximalLogprobs:
 
 
 class SamplerPass:
-    """Mixed into grpo_lab.rollout.async_trainer.AsyncGRPOTrainer (it uses the trainer's model,
-    config, processes, `_pick_threads` and `sampler_weights`)."""
-
-    def _no_grad_logprobs(self, model, micro_batches: list,
-                          pick_threads: bool = True) -> list[torch.Tensor]:
-        """Each micro-batch's logprobs under `model`; under FSDP2 every process makes as many
-        forward passes (each gathers the weights), repeating its first micro-batch if short."""
-        passes = self.processes.passes(len(micro_batches)) if self.processes.is_fsdp else 0
-        logps = []
-        for mb in micro_batches:
-            if pick_threads:
-                self._pick_threads(mb)
-            logps.append(mb.logprobs(model, self.config.temperature))
-        for _ in range(passes - len(micro_batches)):
-            micro_batches[0].logprobs(model, self.config.temperature)
-        return logps
+    """Mixed into grpo_lab.rollout.async_trainer.AsyncGRPOTrainer (it uses the trainer's
+    config and `sampler_weights`)."""
 
     def sampler_metrics(self, batch: RolloutBatch, prox_logps: torch.Tensor) -> dict[str, float]:
         """TRL AsyncGRPOTrainer's `kl` (sampler vs pi_old, whatever beta), and with

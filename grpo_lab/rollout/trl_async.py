@@ -46,6 +46,9 @@ def trl_config(config: AsyncGRPOConfig, job, output_dir: Path, device: str,
     up to the step. The weights stay float32: `--dtype` (bfloat16 on a GPU) is the autocast's."""
     from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
 
+    if config.stop or config.stop_token_ids:
+        raise ValueError("stop and stop_token_ids: TRL's rollout worker sends neither (use "
+                         "train-async)")
     group = config.num_generations
     samples = config.prompts_per_step * group
     micro = micro_batch_size(samples, prompt_tokens + max_completion_length, config.token_budget)
@@ -58,6 +61,8 @@ def trl_config(config: AsyncGRPOConfig, job, output_dir: Path, device: str,
         per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
         token_budget=0, num_generations=group,
         max_completion_length=max_completion_length, temperature=config.temperature,
+        top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
+        repetition_penalty=config.repetition_penalty,
         learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler_type,
         adam_beta2=config.adam_beta2, weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm, epsilon=config.epsilon_low,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from ..core.prompts import as_conversation
-from ..core.reward_set import RewardSet
+from ..core.reward_set import RewardSet, call_reward
 from .config import AsyncGRPOConfig
 
 
@@ -19,7 +19,7 @@ class WeightedReward:
         self.__name__, self.fn, self.weight = name, fn, weight
 
     def __call__(self, completions, **kwargs) -> list[float | None]:
-        values = self.fn(completions, **kwargs)
+        values = call_reward(self.__name__, self.fn, {"completions": completions, **kwargs})
         return [None if v is None else self.weight * float(v) for v in values]
 
 

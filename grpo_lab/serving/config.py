@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.devices import DTYPES, resolve_device, resolve_dtype
+from ..core.devices import DTYPES, default_threads, resolve_device, resolve_dtype
 from .prefix_cache import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS
 from .sampling import LOGPROBS_MODES
 
@@ -59,8 +59,13 @@ class ServeConfig:
     dtype: str = "auto"
     """Weights dtype: auto (bfloat16 on CUDA, float32 on the CPU: what the trainer uses there),
     float32, float16 or bfloat16. Logprobs are computed in float32 whatever it is."""
-    num_threads: int = 1
-    """torch intra-op threads of this process (keep 1 when several processes share 2 cores)."""
+    num_threads: int | None = None
+    """torch intra-op threads of this process (default: 1 on the CPU, where several processes
+    share a few cores; torch's own on a GPU: grpo_lab.core.devices.default_threads)."""
+    gpu_memory_utilization: float | None = None
+    """On a CUDA device: the most of its memory this process may allocate, in (0, 1], for
+    replicas that share a GPU (torch.cuda.set_per_process_memory_fraction; default: no cap).
+    Named as vLLM's, but a cap rather than vLLM's reservation made up front."""
     allowed_lora_root: str | None = None
     """Refuse adapter paths outside this directory (after resolving `..` and symlinks)."""
     adapter_visibility_lag_s: float = 0.0
@@ -91,8 +96,11 @@ class ServeConfig:
             problems.append(str(exc))
         for name in ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_threads",
                      "max_request_bytes", "block_size", "prefix_cache_max_blocks"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            problems.append("gpu_memory_utilization must be in (0, 1] "
+                            f"(got {self.gpu_memory_utilization})")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             problems.append(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
                             f"({self.max_loras}), as in vLLM")
@@ -106,6 +114,11 @@ class ServeConfig:
     def torch_device(self) -> str:
         """`device` with `auto` resolved: `cuda` when torch sees a GPU, else `cpu`."""
         return resolve_device(self.device)
+
+    def threads(self) -> int | None:
+        """`num_threads`, or its default on this device: 1 on the CPU, None (torch's own) on a
+        GPU."""
+        return default_threads(self.device, self.num_threads)
 
     def torch_dtype(self) -> torch.dtype:
         """`dtype` with `auto` resolved for the device: bfloat16 on CUDA, float32 elsewhere."""

@@ -106,16 +106,21 @@ def start_server_process(
     """Start `grpo-lab serve MODEL --flag value ...` and wait until it answers /health.
 
     `flags` become CLI flags (`serve_args`). `dev_mode` / `runtime_lora_updating` set vLLM's gates
-    (VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING). The server uses one torch thread
-    unless `num_threads` says otherwise. Raises RuntimeError (with the log's tail) if it does
-    not come up in time; the process is stopped in that case.
+    (VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING). On the CPU the server uses one
+    torch thread unless `num_threads` says otherwise; on a GPU torch's own unless it is given.
+    Raises RuntimeError (with the log's tail) if it does not come up in time; the process is
+    stopped in that case.
     """
-    flags.setdefault("num_threads", 1)
+    from ..core.devices import default_threads
+
+    threads = default_threads(flags.get("device", "auto"), flags.get("num_threads"))
+    if threads:
+        flags["num_threads"] = threads
     args = [*GRPO_LAB, *serve_args(model, host, port, **flags)]
     proc_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
-                "OMP_NUM_THREADS": str(flags["num_threads"]), "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONUNBUFFERED": "1", **(env or {})}
+                **({"OMP_NUM_THREADS": str(threads)} if threads else {}),
+                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
     return spawn_until_ready(args, proc_env, ready_marker=READY_MARKER, ready_path="/health",
                              what="server", log_path=log_path, startup_timeout_s=startup_timeout_s,
                              api_key=flags.get("api_key"))

@@ -52,7 +52,8 @@ async def serve_forever(server: InferenceServer) -> int:
 
 def serve(config: ServeConfig) -> None:
     """Load the model and serve until SIGTERM or Ctrl-C; exit with status 1 if the engine dies."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(config.num_threads))
+    if config.threads():  # asked for, or the CPU's 1; on a GPU torch keeps its own
+        os.environ.setdefault("OMP_NUM_THREADS", str(config.threads()))
     server = InferenceServer(config)
     print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
           f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",

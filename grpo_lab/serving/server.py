@@ -52,13 +52,16 @@ class InferenceServer:
     def __init__(self, config: ServeConfig, model=None, tokenizer=None):
         import torch
 
+        from ..core.devices import cap_gpu_memory
         from ..core.models import load_model_and_tokenizer
         from ..core.tiny_model import tiny_model_path
 
         self.config = config
-        torch.set_num_threads(config.num_threads)
+        if config.threads():  # asked for, or the CPU's 1; a GPU's process keeps torch's own
+            torch.set_num_threads(config.threads())
         path = str(tiny_model_path(progress=False)) if config.model == "tiny" else config.model
         self.device = config.torch_device()
+        cap_gpu_memory(self.device, config.gpu_memory_utilization)  # replicas sharing a GPU
         if model is None:
             model, tokenizer = load_model_and_tokenizer(path, dtype=config.torch_dtype())
         model = model.to(self.device)  # a model passed in keeps its own dtype

@@ -16,12 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.grpo_loss import (
-    completion_logits,
-    grpo_loss,
-    token_logprobs,
-    token_logprobs_and_entropy,
-)
+from ..core.grpo_loss import completion_logprobs, grpo_loss
+from ..core.logprobs import model_logprobs
 
 
 @dataclass
@@ -34,6 +30,7 @@ class MicroBatch(ABC):
     old_logps: torch.Tensor  # (n, C)
     advantages: torch.Tensor  # (n,)
     input_tokens: int  # tokens in the forward input, padding included (what the budget bounds)
+    importance_weights: torch.Tensor | None = None  # (n, C) or (n, 1): pi_old / pi_sampler
 
     @property
     def num_sequences(self) -> int:
@@ -44,16 +41,14 @@ class MicroBatch(ABC):
         return int(self.completion_mask.sum())
 
     @abstractmethod
-    def logits(self, model) -> torch.Tensor:
-        """The logits that predict each completion token under `model`: (n, C, V)."""
+    def logprobs_and_entropy(self, model, temperature: float, entropy: bool = True):
+        """Per-token log-probabilities of the completions under `model`, and the policy's
+        per-token entropy (or None), from one forward: (n, C) each. The logits are never whole:
+        the head runs on the completion positions, a chunk at a time (grpo_lab.core.logprobs)."""
 
     def logprobs(self, model, temperature: float) -> torch.Tensor:
         """Per-token log-probabilities of the completions under `model`: (n, C)."""
-        return token_logprobs(self.logits(model), self.completion_ids, temperature)
-
-    def logprobs_and_entropy(self, model, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`logprobs` and the policy's per-token entropy, from the same forward: (n, C) each."""
-        return token_logprobs_and_entropy(self.logits(model), self.completion_ids, temperature)
+        return self.logprobs_and_entropy(model, temperature, entropy=False)[0]
 
 
 @dataclass
@@ -61,9 +56,9 @@ class PaddedMicroBatch(MicroBatch):
     prompt_ids: torch.Tensor = None  # (n, P) left padded, trimmed to this micro-batch's longest
     prompt_mask: torch.Tensor = None
 
-    def logits(self, model) -> torch.Tensor:
-        return completion_logits(model, self.prompt_ids, self.prompt_mask, self.completion_ids,
-                                 self.completion_mask)
+    def logprobs_and_entropy(self, model, temperature: float, entropy: bool = True):
+        return completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.completion_ids,
+                                   self.completion_mask, temperature, entropy)
 
 
 @dataclass
@@ -71,13 +66,14 @@ class PackedMicroBatch(MicroBatch):
     input_ids: torch.Tensor = None  # (R, L) sequences concatenated, pad at the end of a row
     position_ids: torch.Tensor = None  # (R, L) restart at 0 for every sequence
     attention_mask: torch.Tensor = None  # (R, 1, L, L) bool, block-diagonal causal
-    gather_rows: torch.Tensor = None  # (n, C) row of the logit predicting each completion token
+    gather_rows: torch.Tensor = None  # (n, C) row of the state predicting each completion token
     gather_cols: torch.Tensor = None  # (n, C) its position in the row
 
-    def logits(self, model) -> torch.Tensor:
-        logits = model(input_ids=self.input_ids, attention_mask=self.attention_mask,
-                       position_ids=self.position_ids).logits  # (R, L, V)
-        return logits[self.gather_rows, self.gather_cols]  # (n, C, V)
+    def logprobs_and_entropy(self, model, temperature: float, entropy: bool = True):
+        inputs = dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                      position_ids=self.position_ids)
+        return model_logprobs(model, inputs, lambda x: x[self.gather_rows, self.gather_cols],
+                              self.completion_ids, temperature, entropy)
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -276,6 +272,7 @@ def accumulate_grpo_loss(
                 epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta=beta,
                 ref_logps=None if ref_logps is None else ref_logps[k if real else 0],
                 max_completion_length=max_len, entropy=entropy,
+                importance_weights=mb.importance_weights if real else None,
                 use_bias_correction_kl=use_bias_correction_kl,
             )
             if backward and not distributed:

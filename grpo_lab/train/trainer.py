@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import random
+import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,16 +24,16 @@ from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.evaluation import greedy_accuracy
 from ..core.generation import Completions, generate_completions
-from ..core.grpo_loss import group_advantages, grpo_loss
+from ..core.grpo_loss import group_advantages
 from ..core.models import load_model_and_tokenizer
 from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
-from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from ..core.tasks import Problem
 from .distributed import Processes
 from .dynamic_sampling import sample_with_signal
 from .metrics import MetricsLogger, format_step
 from .policy_model import prepare_policy, resolve_model_path
+from .policy_update import PolicyUpdate
 from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from here too)
     RolloutBatch,
     SampledGroups,
@@ -43,20 +43,24 @@ from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from h
     rollout_metrics,
 )
 from .samples import CompletionLog
-from .shared_prompt import layout_micro_batches, supports_shared_prompt
+from .shared_prompt import supports_shared_prompt
+
+CAPPED_WARNING = 0.5
+"""The share of a step's completions cut at `max_new_tokens` from which the trainer warns."""
 
 
-class GRPOTrainer:
+class GRPOTrainer(PolicyUpdate):
     """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records."""
 
     def __init__(self, config: GRPOConfig, model=None, tokenizer=None):
         self.config = config
-        if config.num_threads:
+        if config.num_threads:  # only when asked: torch's default otherwise, CPU or GPU
             torch.set_num_threads(config.num_threads)
         self.task = config.make_task()
         self.rewards = RewardSet.parse(config.reward, config.reward_weights)
         self.reward_fn = self.rewards.correctness  # what the held-out evaluation counts
-        self.max_new_tokens = config.max_new_tokens or self.task.max_answer_chars + 2
+        self.max_new_tokens = config.max_new_tokens or self.task.default_max_new_tokens
+        self._warned_cap = False  # `warn_if_capped` speaks once
         self.rng = random.Random(config.seed)  # prompt sampling
         torch.manual_seed(config.seed)  # LoRA init and sampling
         self.processes = Processes(config.device)  # one, or several under `accelerate launch`
@@ -67,10 +71,16 @@ class GRPOTrainer:
         if config.dynamic_sampling and self.processes.distributed:
             raise ValueError("dynamic_sampling runs in one process (each would sample apart)")
 
+        # Full fine-tuning in bfloat16 keeps float32 master weights and runs under bfloat16
+        # autocast, as TRL does (bf16=True): AdamW's updates are far below a bfloat16 weight's
+        # resolution. LoRA trains float32 adapters on bfloat16 weights (peft upcasts them).
+        dtype = resolve_dtype(config.dtype, self.device)
+        self.autocast_dtype = dtype if dtype == torch.bfloat16 and not config.use_lora else None
         if model is None:
             path = self.resolve_model_path(config)
             model, tokenizer = load_model_and_tokenizer(
-                path, device=self.device, dtype=resolve_dtype(config.dtype, self.device))
+                path, device=self.device,
+                dtype=torch.float32 if self.autocast_dtype else dtype)
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         self.tokenizer = tokenizer
@@ -80,9 +90,13 @@ class GRPOTrainer:
         self.model = self._prepare_model(model.to(self.device))
         self.share_prompts = config.shared_prompt and supports_shared_prompt(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        # torch's fused AdamW (TRL's default, `adamw_torch_fused`): one pass over each weight,
+        # without the foreach implementation's temporary copies of all of them; one process.
+        fused = not self.processes.distributed and all(
+            p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
                                            betas=(0.9, config.adam_beta2),
-                                           weight_decay=config.weight_decay)
+                                           weight_decay=config.weight_decay, fused=fused or None)
         self.num_trainable = sum(p.numel() for p in params)
         # A frozen copy is the KL reference for full fine-tuning; LoRA uses the disabled adapter.
         self.ref_model = None
@@ -129,11 +143,12 @@ class GRPOTrainer:
         """Stages 1-2: G completions per problem, with the sampling policy's per-token logprobs,
         and their rewards."""
         self.model.eval()
-        out = generate_completions(
-            self.model, self.tokenizer, [p.prompt for p in problems],
-            max_new_tokens=self.max_new_tokens, num_generations=self.config.num_generations,
-            temperature=self.config.temperature, **self.prompt_format,
-        )
+        with self.autocast():
+            out = generate_completions(
+                self.model, self.tokenizer, [p.prompt for p in problems],
+                max_new_tokens=self.max_new_tokens, num_generations=self.config.num_generations,
+                temperature=self.config.temperature, **self.prompt_format,
+            )
         self.model.train()
         rewards, parts = self.score(problems, out)
         return SampledGroups(problems, out, rewards, parts)
@@ -148,98 +163,9 @@ class GRPOTrainer:
         # prompts repeated G times, prompt-major).
         answers = [p.answer for p in problems for _ in range(G)]
         prompts = [p.prompt for p in problems for _ in range(G)]
-        return self.rewards.score(out.texts, answers, prompts)
-
-    @contextmanager
-    def reference(self):
-        """The model that scores the KL reference, without gradients: the frozen copy (full
-        fine-tuning), or LoRA's base model with the adapter switched off."""
-        with torch.no_grad():
-            if self.ref_model is not None:
-                yield self.ref_model
-            else:
-                with self.model.disable_adapter():
-                    yield self.model
-
-    def reference_logprobs(self, mb) -> torch.Tensor | None:
-        if self.config.beta == 0:
-            return None
-        with self.reference() as ref:
-            return mb.logprobs(ref, self.config.temperature)
-
-    def micro_batches(self, batch: RolloutBatch, token_budget: int | None = None, **packing):
-        """The batch laid out for forward passes: a row per group when `share_prompts`
-        (grpo_lab.train.shared_prompt), else a row per sequence (or `packing`'s layout)."""
-        cfg = self.config
-        return layout_micro_batches(
-            batch, token_budget, group_size=cfg.num_generations if self.share_prompts else None,
-            max_row_tokens=cfg.shared_prompt_max_tokens, **packing)
-
-    def apply_gradients(self) -> float:
-        """Clip the gradients, set this step's learning rate, take the optimizer step; returns
-        the gradient norm before clipping. The schedule is a function of `step_count`, so a
-        resumed run needs no scheduler state."""
-        params = [p for p in self.train_model.parameters() if p.requires_grad]
-        grad_norm = self.processes.clip_grad_norm_(params, self.config.max_grad_norm)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.config.learning_rate_at(self.step_count)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
-
-    def optimize(self, batch: RolloutBatch) -> dict[str, float]:
-        """Stage 4: `num_iterations` clipped-surrogate updates on one batch.
-
-        With `vllm_importance_sampling_correction` the ratio is taken against the trainer's own
-        logprobs before the first update (TRL's old_per_token_logps) and each token's loss is
-        weighted by pi_old / pi_sampler. Here the sampler is this very model (`generate`), so
-        the weights are 1 up to float rounding: the `sampling/*` metrics show that gap.
-        """
-        cfg = self.config
-        mb = self.micro_batches(batch)[0]  # the whole batch in one forward, rows in batch order
-        ref_logps = self.reference_logprobs(mb)
-        old_logps, weights, correction = batch.old_logps, None, {}
-        metrics: dict[str, float] = {}
-        # Several processes: this process's share of the step's loss (one process: 1).
-        scale, _ = self.processes.loss_scale(cfg.loss_type, batch.completion_mask.shape[0],
-                                             int(batch.completion_mask.sum()))
-        for iteration in range(cfg.num_iterations):
-            logps, entropy = mb.logprobs_and_entropy(self.train_model, cfg.temperature)
-            if cfg.vllm_importance_sampling_correction and iteration == 0:
-                # Before any update the policy is pi_old: its logprobs, fixed for every iteration.
-                old_logps = logps.detach()
-                weights, correction = self.sampler_weights(old_logps, batch.old_logps,
-                                                           batch.completion_mask)
-            loss, metrics = grpo_loss(
-                logps, old_logps, batch.advantages, batch.completion_mask,
-                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
-                epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                ref_logps=ref_logps, max_completion_length=self.max_new_tokens,
-                importance_weights=weights, entropy=entropy,
-                use_bias_correction_kl=cfg.use_bias_correction_kl,
-            )
-            if not self.processes.distributed:
-                loss.backward()
-                metrics.update(loss=loss.item(), grad_norm=self.apply_gradients(), **correction)
-                continue
-            self.processes.backward(loss * scale)  # the all-reduce averages: the step's gradient
-            step_loss = self.processes.sum([loss.item() * scale / self.processes.num_processes])
-            metrics = self.processes.combine_metrics({**metrics, **correction},
-                                                     float(batch.completion_mask.sum()))
-            metrics.update(loss=step_loss[0], grad_norm=self.apply_gradients())
-        return metrics
-
-    def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
-                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """The importance weights pi_old / pi_sampler of the configured mode and cap, (B, T) or
-        (B, 1), and TRL's `sampling/*` metrics of them (grpo_lab.core.sampler_correction)."""
-        cfg = self.config
-        mode = cfg.vllm_importance_sampling_mode
-        weights = sampler_importance_weights(
-            old_logps, sampler_logps, mask, mode=mode,
-            clip_max=cfg.vllm_importance_sampling_clip_max,
-            clip_min=cfg.vllm_importance_sampling_clip_min)
-        return weights, sampler_correction_metrics(old_logps, sampler_logps, weights, mask, mode)
+        columns = [p.columns for p in problems for _ in range(G)]  # the dataset's other columns
+        return self.rewards.score(out.texts, answers, prompts,
+                                  completion_ids=out.completion_ids, columns=columns)
 
     def step(self) -> dict[str, float]:
         """One GRPO step on fresh prompts; returns its metrics."""
@@ -297,6 +223,7 @@ class GRPOTrainer:
         try:
             for _ in range(steps):
                 record = self.step()
+                self.warn_if_capped(record)
                 due = cfg.eval_every and record["step"] % cfg.eval_every == 0
                 if due or record["step"] == last:
                     record["eval/accuracy"] = self.evaluate()
@@ -320,6 +247,17 @@ class GRPOTrainer:
         if cfg.output_dir:
             self.save(Path(cfg.output_dir) / ("adapter" if cfg.use_lora else "model"))
         return self.logger.records
+
+    def warn_if_capped(self, record: dict) -> None:
+        """Say once when most of a step's completions stop at `max_new_tokens` (`length`): cut
+        completions score no answer and bias the length (notebook 10)."""
+        clipped = record.get("completions/clipped_ratio", 0.0)
+        if self._warned_cap or clipped < CAPPED_WARNING or not self.processes.is_main:
+            return
+        self._warned_cap = True
+        tqdm.write(f"warning: {clipped:.0%} of step {record['step']}'s completions reached "
+                   f"max_new_tokens={self.max_new_tokens} and were cut; if they are reasoning, "
+                   "raise max_new_tokens", file=sys.stderr)
 
     def start_steps(self) -> None:
         """Called by `train()` after the initial evaluation, before the first step (no-op here)."""
