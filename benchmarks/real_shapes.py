@@ -33,8 +33,8 @@ Equal lengths: with random weights a completion almost never samples <|im_end|> 
 sets `model.generation_config.min_new_tokens` to the cap (transformers fills the unset fields of
 grpo_lab's and TRL's generation configs from it), and the completion lengths are recorded.
 A step that the memory model predicts beyond 90 % of the machine's available memory is skipped
-with the reason (`--force` runs it anyway; the model counts whole logits unless
-`--model-logits-chunk 441` says the LM head runs in chunks).
+with the reason (`--force` runs it anyway). The memory model counts grpo_lab's logits in its
+chunks (grpo_lab.core.logprobs) and TRL's whole; the guard takes the larger.
 Results go to benchmarks/results/real_shapes.json (or --out) and are printed.
 """
 
@@ -50,11 +50,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from grpo_lab.core.logprobs import chunk_positions  # noqa: E402
 from grpo_lab.core.memory_model import GiB, MiB, StepSetting, step_memory  # noqa: E402
 from grpo_lab.core.shaped_models import QWEN25_05B, QWEN25_MATH_15B, SHAPES  # noqa: E402
 
@@ -62,12 +64,13 @@ RESULTS = Path(__file__).parent / "results" / "real_shapes.json"
 GOALS = {"generation_ratio": 1.2, "step_memory_ratio": 1.0, "step_time_ratio": 0.8}
 GENERATION = ("generate", "completions", "greedy")
 BLOG = StepSetting(prompts=16, num_generations=8, prompt_tokens=1096, completion_tokens=3000,
-                   dtype="bfloat16", lora_rank=1, micro_batch_rows=4, logits_chunk_rows=441,
+                   dtype="bfloat16", lora_rank=1, micro_batch_rows=4,
+                   logits_chunk_rows=chunk_positions(QWEN25_MATH_15B.vocab_size),
                    generate_in_process=False)
 """The blog's trainer (docs/recipe.md, run 3 on): 128 completions, up to 3,000 new tokens in a
 4,096 context (prompts taken at the rest, 1,096: the worst case), 16,384-token micro-batches (4
 full-length rows), no activation checkpointing, sampling on separate vLLM replicas; the LM head in
-chunks of 441 positions (2^26 logits, grpo_lab.core.logprobs's chunk)."""
+grpo_lab.core.logprobs's chunks (2^24 logits: 110 positions)."""
 
 
 def rss_mib() -> float:
@@ -310,8 +313,7 @@ def step_setting(args, mode: str, prompt_tokens: int) -> StepSetting:
     return StepSetting(prompts=args.prompts, num_generations=args.generations,
                        prompt_tokens=prompt_tokens, completion_tokens=args.max_new_tokens,
                        lora_rank=args.lora_rank if mode == "lora" else None,
-                       activation_checkpointing=args.checkpointing,
-                       logits_chunk_rows=args.model_logits_chunk)
+                       activation_checkpointing=args.checkpointing)
 
 
 def longest_prompt(args) -> int:
@@ -349,8 +351,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--checkpointing", action="store_true",
                         help="(b): activation checkpointing on both sides")
-    parser.add_argument("--model-logits-chunk", type=int, default=None,
-                        help="(c): the memory model's logits chunk for (b) (default: whole)")
     parser.add_argument("--skip", default="", help="parts to leave out: a, b or a,b")
     parser.add_argument("--force", action="store_true",
                         help="run steps predicted beyond the available memory")
@@ -377,10 +377,17 @@ def main(argv: list[str] | None = None) -> int:
             out["steps"], out["memory_model"] = {}, {}
             prompt_tokens = longest_prompt(args)
             for mode in args.modes.split(","):
-                estimate = step_memory(SHAPES[args.shape], step_setting(args, mode, prompt_tokens),
-                                       label=f"{args.shape} {mode}")
-                out["memory_model"][mode] = {"total_mib": estimate.total / MiB,
-                                             "table": str(estimate)}
+                # grpo_lab's head runs in chunks (core.logprobs), TRL's on whole logits.
+                setting = step_setting(args, mode, prompt_tokens)
+                estimates = {
+                    "grpo_lab": step_memory(SHAPES[args.shape], replace(
+                        setting, logits_chunk_rows=chunk_positions(SHAPES[args.shape].vocab_size)),
+                        label=f"{args.shape} {mode}, grpo_lab"),
+                    "trl": step_memory(SHAPES[args.shape], replace(setting, logits_chunk_rows=None),
+                                       label=f"{args.shape} {mode}, TRL")}
+                out["memory_model"][mode] = {name: {"total_mib": m.total / MiB, "table": str(m)}
+                                             for name, m in estimates.items()}
+                estimate = max(estimates.values(), key=lambda m: m.total)  # for the guard
                 room = available_mib()
                 for trainer in ("grpo_lab", "trl"):
                     name = f"{trainer}:{mode}"
@@ -403,7 +410,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def blog_rows():
     """The memory model at the blog's recipe (BLOG), and two variations of it."""
-    from dataclasses import replace
 
     shape = QWEN25_MATH_15B
     return [("blog trainer", step_memory(shape, BLOG, "Qwen2.5-Math-1.5B, the blog's trainer")),
@@ -435,9 +441,9 @@ def summarise(out: dict) -> tuple[dict, dict]:
                                  / statistics.median(theirs["step_seconds"]))
             met[f"{mode}_memory"] = row["peak_ratio"] <= GOALS["step_memory_ratio"]
             met[f"{mode}_time"] = row["time_ratio"] <= GOALS["step_time_ratio"]
-        model_mib = out["memory_model"][mode]["total_mib"]
         for name, measured in (("grpo_lab", ours), ("trl", theirs)):
             if "peak_mib" in measured:  # the model against the peak above the imports
+                model_mib = out["memory_model"][mode][name]["total_mib"]
                 row[f"model_vs_{name}"] = model_mib / (measured["peak_mib"]
                                                        - measured["import_mib"])
         summary[mode] = row
