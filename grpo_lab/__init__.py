@@ -11,9 +11,93 @@ Stage folders in import order: a module imports its own stage and those above (d
     jobs/      the recipe's jobs as a plan, run locally or on HF Jobs; the two trainer jobs
     observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs
     cli/       the `grpo-lab` command and the demos
+
+The public API (docs/api.md): the building blocks named in `__all__` are attributes of the
+package, imported on first use (PEP 562), so `import grpo_lab` stays light; `grpo_lab.ProxyConfig`
+imports grpo_lab.proxy.config and nothing of torch. Use them as `import grpo_lab as gl`:
+four names are TRL's too (`gl.GRPOTrainer` vs `trl.GRPOTrainer`).
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
 STAGES = ("core", "train", "bucket", "serving", "rollout", "proxy", "jobs", "observe", "cli")
 """The stage folders in import order: a module may import its own stage and those before it."""
+
+_EXPORTS = {
+    # The GRPO loss and its parts, tensors in and out (docs/api.md, "The loss")
+    "grpo_lab.core.grpo_loss": (
+        "grpo_loss", "group_advantages", "clipped_surrogate", "SurrogateOutput", "k3_kl",
+        "aggregate", "grpo_aggregate", "dapo_aggregate", "dr_grpo_aggregate", "LOSS_TYPES",
+        "masked_mean", "token_logprobs", "token_logprobs_and_entropy", "policy_logprobs",
+        "policy_logprobs_and_entropy"),
+    "grpo_lab.core.logprobs": ("selective_logprobs", "model_logprobs"),
+    "grpo_lab.core.sampler_correction": (
+        "sampler_importance_weights", "sampler_kl", "sampler_correction_metrics", "IS_MODES"),
+    # A step's batch and its micro-batches
+    "grpo_lab.train.rollout_batch": ("pad_left", "pad_right", "RolloutBatch"),
+    "grpo_lab.train.packing": (
+        "make_micro_batches", "accumulate_grpo_loss", "MicroBatch", "PaddedMicroBatch",
+        "PackedMicroBatch", "block_causal_mask"),
+    "grpo_lab.train.shared_prompt": (
+        "layout_micro_batches", "shared_prompt_mask", "supports_shared_prompt"),
+    # Rollouts: the buffer and the generators
+    "grpo_lab.rollout.buffer": ("RolloutBuffer",),
+    "grpo_lab.rollout.generators": ("Generator", "LocalGenerator"),
+    "grpo_lab.rollout.http_generator": ("HTTPGenerator",),
+    "grpo_lab.core.generation": ("Completions",),
+    # The bucket, the servers, their client
+    "grpo_lab.bucket.adapters": ("AdapterBucket", "adapter_name"),
+    "grpo_lab.bucket.checkpoint": ("Checkpoints",),
+    "grpo_lab.serving.client": ("InferenceClient", "BlockingClient", "ServerError"),
+    "grpo_lab.serving.process": ("start_server_process",),
+    "grpo_lab.serving.vllm_process": ("start_vllm_process",),
+    # The proxy and its router
+    "grpo_lab.proxy.config": ("ProxyConfig",),
+    "grpo_lab.proxy.app": ("Proxy", "make_app", "serve_proxy"),
+    "grpo_lab.proxy.process": ("start_proxy_process",),
+    "grpo_lab.proxy.router": ("PrefixRouter", "RouterConfig", "RouteDecision",
+                              "NoReplicaAvailable"),
+    # The trainers and their configs
+    "grpo_lab.core.config": ("GRPOConfig",),
+    "grpo_lab.train.trainer": ("GRPOTrainer",),
+    "grpo_lab.rollout.config": ("AsyncGRPOConfig",),
+    "grpo_lab.rollout.async_trainer": ("AsyncGRPOTrainer",),
+    # Models, tasks, datasets, rewards
+    "grpo_lab.core.models": ("load_model_and_tokenizer",),
+    "grpo_lab.core.tiny_model": ("tiny_model_path",),
+    "grpo_lab.core.prompts": ("encode_prompts",),
+    "grpo_lab.core.tasks": ("Task", "Problem", "AdditionTask", "SortTask", "make_task"),
+    "grpo_lab.core.datasets": ("DatasetTask", "load_dataset_task"),
+    "grpo_lab.core.rewards": (
+        "exact_match_reward", "partial_match_reward", "math_answer_reward", "format_reward",
+        "extract_final_answer", "REWARDS"),
+    "grpo_lab.core.reward_set": ("RewardSet",),
+    # Real models' shapes and the memory of a step
+    "grpo_lab.core.shaped_models": (
+        "ModelShape", "SHAPES", "QWEN25_05B", "QWEN25_MATH_15B", "shaped_model_path",
+        "random_model"),
+    "grpo_lab.core.memory_model": (
+        "StepSetting", "StepMemory", "step_memory", "num_parameters", "lora_parameters"),
+}
+
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+"""Each public name -> the module that defines it (the lazy map)."""
+
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    """`grpo_lab.<name>`: import its module on first use, then keep it as a plain attribute."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpo_lab' has no attribute {name!r} (its public names: "
+                             "grpo_lab.__all__, docs/api.md)")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -50,8 +50,11 @@ def step_on_fixed_samples(trainer: GRPOTrainer) -> dict:
     sizes = {"tokens": int(real.sum()),
              "term_size": batch.advantages.abs().unsqueeze(1).expand_as(real)[real].mean().item(),
              "positions": int(batch.prompt_mask.sum() + batch.completion_mask.sum())}
+    # The step's completions, every process's (grpo_lab.train.step_metrics): as one process's.
+    layout = {n: metrics[n] for n in ("batch/trained_tokens_per_step", "batch/samples_per_step",
+                                      "batch/masked_token_frac", "sample/forwarded_tokens_max")}
     return {"loss": metrics["loss"], "ratio": metrics["ratio"], "grads": grads,
-            "rows": len(rows), **sizes}
+            "rows": len(rows), "layout": layout, **sizes}
 
 
 def main(path: str) -> None:

@@ -62,6 +62,7 @@ def test_two_processes_take_the_step_of_one(tiny_model_dir, tmp_path):
         # Float32 rounding of sums in another order (two processes' shares, then DDP's mean):
         # tests/float_tolerance.py, with the step's sizes that distributed_step.py reports.
         assert (a["tokens"], a["positions"]) == (b["tokens"], b["positions"])
+        assert a["layout"] == b["layout"] and a["layout"]["batch/samples_per_step"] == 20
         assert_f32_close(b["loss"], a["loss"], f32_atol(a["term_size"], a["tokens"]),
                          f"{trainer} loss")
         assert_f32_close(b["ratio"], a["ratio"], f32_atol(1.0, a["tokens"]), f"{trainer} ratio")

@@ -106,9 +106,11 @@ def launch(hub: FakeHub, monkeypatch, *args: str) -> int:
 
 def test_the_stand_in_has_hfapi_signatures():
     for method in ("run_job", "inspect_job", "fetch_job_logs", "cancel_job", "list_jobs"):
-        ours = inspect.signature(getattr(FakeHub, method)).parameters
-        theirs = inspect.signature(getattr(HfApi, method)).parameters
-        assert list(ours) == list(theirs), method
+        ours = list(inspect.signature(getattr(FakeHub, method)).parameters)
+        theirs = list(inspect.signature(getattr(HfApi, method)).parameters)
+        # the installed release's parameters, in its order; the stand-in also takes those that
+        # releases newer than grpo_lab's floor (huggingface_hub 1.24) added
+        assert [p for p in ours if p in theirs] == theirs, method
     assert set(ENDED_STAGES) == {s.value for s in TERMINAL_JOB_STAGES}
 
 

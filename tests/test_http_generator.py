@@ -83,6 +83,8 @@ def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_a
             assert abs(record["ratio"] - 1) < 1e-3, record
             # All of a step's requests at once: 4 prompts (n = 4), or 4 x 4 completions (n = 1).
             assert record["rollout/inflight_max"] == requests_per_step
+            assert record["rollout/vllm_retry_total"] == 0  # no replica went down
+            assert 0 < record["perf/mfu_wall_clock"] <= record["perf/mfu_fwd_bwd"]
         assert generator.latest_version == 3
         loaded = [m["id"] for m in generator.client.models()
                   if m["id"].startswith(bucket.prefix + "-")]

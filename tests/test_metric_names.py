@@ -153,3 +153,33 @@ def test_async_reward_metrics_are_reduced_as_trls_rollout_worker_does():
     assert {k: ours[k] for k in ("rewards/format", "rewards/format/std")} == {
         "rewards/format": 0.25, "rewards/format/std": 0.1}
     assert "rewards/format/mean" not in ours
+
+
+TRL_THROUGHPUT_AND_LAYOUT = (  # TRL 1.16 AsyncGRPOTrainer's names that issue 35 listed
+    "perf/mfu_fwd_bwd", "perf/mfu_wall_clock", "perf/forwarded_tok_s_fwd_bwd",
+    "perf/forwarded_tok_s_wall_clock", "perf/trained_tok_s_wall_clock", "batch/samples_per_row",
+    "batch/row_fill_frac", "batch/pad_frac", "batch/row_tokens_mean", "batch/row_tokens_max",
+    "batch/row_imbalance", "batch/groups_per_step", "batch/dropped_oversize_total",
+    "batch/masked_token_frac", "sample/trained_tokens_mean", "sample/forwarded_tokens_mean",
+    "sample/forwarded_tokens_max", "rollout/vllm_retry_total", "rollout/score_wait_s",
+    "rollout/score_queue_size", "rollout/duration_s", "clip_ratio/high_max",
+)
+
+
+def test_trls_throughput_and_layout_names_each_have_a_row(trl_async_keys):
+    """Each is logged by TRL and has a row: grpo_lab's same quantity, or why there is none."""
+    assert set(TRL_THROUGHPUT_AND_LAYOUT) <= trl_async_keys
+    rows = {r.trl: r for r in TRL_ASYNC_NAMES}
+    missing = [n for n in TRL_THROUGHPUT_AND_LAYOUT if n not in rows]
+    assert not missing, f"no row in TRL_ASYNC_NAMES: {missing}"
+    assert all(rows[n].same or rows[n].note for n in TRL_THROUGHPUT_AND_LAYOUT)
+    assert rows["perf/mfu_fwd_bwd"].same and rows["perf/mfu_wall_clock"].same
+
+
+def test_trls_mfu_is_a_percentage_as_grpo_labs():
+    """TRL's `compute_mfu` returns `100 * ...`: grpo_lab.core.flops.mfu logs the same unit."""
+    source = (_package_dir("trl") / "trainer" / "utils.py").read_text()
+    (func,) = [n for n in ast.walk(ast.parse(source))
+               if isinstance(n, ast.FunctionDef) and n.name == "compute_mfu"]
+    (ret,) = [n for n in ast.walk(func) if isinstance(n, ast.Return)]
+    assert ast.unparse(ret.value).startswith("100 * ")

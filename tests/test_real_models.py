@@ -42,6 +42,7 @@ def trl_trainer(chat_model_dir, tmp_path_factory):
     """TRL's GRPOTrainer on the chat model, conversational prompts, the same two rewards."""
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
+    from trl_parity_helpers import CHECKPOINTING
 
     model, tokenizer = load_model_and_tokenizer(chat_model_dir)
     rows = read_jsonl(chat_model_dir / "data" / "train.jsonl")[:16]
@@ -49,7 +50,7 @@ def trl_trainer(chat_model_dir, tmp_path_factory):
                                              {"role": "user", "content": r["question"]}],
                                   "answer": r["answer"]} for r in rows])
     args = TRLConfig(output_dir=str(tmp_path_factory.mktemp("trl")), use_cpu=True, bf16=False,
-                     report_to="none", save_strategy="no", activation_checkpointing=False,
+                     report_to="none", save_strategy="no", **{CHECKPOINTING: False},
                      per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
                      max_steps=2, logging_steps=1, learning_rate=1e-3, seed=0,
                      reward_weights=[1.0, 0.2])

@@ -61,8 +61,11 @@ def test_train_async_writes_metrics_syncs_adapters_and_accuracy(server, tmp_path
     for _, accuracy in evaluated:  # a count of right answers out of 32
         assert 0 <= accuracy <= 1 and accuracy * 32 == round(accuracy * 32), accuracy
     for key in ("perf/weight_sync_s", "sample/staleness_mean", "sample/staleness_max",
-                "sample/rollout_queue_size", "perf/rollout_wait_s", "reward", "ratio"):
+                "sample/rollout_queue_size", "perf/rollout_wait_s", "reward", "ratio",
+                "rollout/vllm_retry_total"):
         assert key in records[-1], key
+    for r in records[1:]:  # MFU in percent, as TRL logs it (grpo_lab.core.flops)
+        assert 0 < r["perf/mfu_wall_clock"] <= r["perf/mfu_fwd_bwd"], r
     assert [s["version"] for s in read_jsonl(out / "syncs.jsonl")] == [0, 1, 2, 3, 4]
     assert (out / "adapter" / "adapter_model.safetensors").exists()
     assert (out / "adapters" / "policy-v4").is_dir()

@@ -31,9 +31,10 @@ from real_vllm import require_vllm
 
 from grpo_lab.core.chat_model import SYSTEM_PROMPT
 from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
+from grpo_lab.rollout import trl_cpu
 from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.rollout.trl_async import LORA_NAME, micro_batch_size, trl_config
-from grpo_lab.rollout.trl_cpu import tree_attention_cpu
+from grpo_lab.rollout.trl_async import LORA_NAME, micro_batch_size, trl_async_grpo, trl_config
+from grpo_lab.rollout.trl_cpu import tree_attention_cpu, trl_internal
 from grpo_lab.rollout.trl_data import reward_funcs, with_response_parser
 
 STAND_INS = Path(__file__).parent / "trl_stand_ins"
@@ -53,8 +54,8 @@ def test_cpu_tree_attention_equals_causal_attention_per_sample():
     """Three samples sharing a prompt, packed by TRL's TreeRow: every token's output equals what
     plain causal attention over its own sample gives it (4 query heads, 2 KV heads)."""
     import numpy as np
-    from trl.experimental.async_grpo.packing import TreeRow
 
+    TreeRow = trl_internal("packing").TreeRow  # TRL's own packing (internal: see trl_cpu)
     samples = [[5, 6, 7, 8, 1, 2], [5, 6, 7, 8, 3], [5, 6, 9, 4, 4, 4]]
     row = TreeRow()
     for ids in samples:
@@ -88,6 +89,52 @@ def test_cpu_tree_attention_equals_causal_attention_per_sample():
         want = causal_attention(*(vectors(x, tokens, range(len(tokens)))[0] for x in "qkv"))
         got = out[0, cu_q[seg]:cu_q[seg + 1]].transpose(0, 1)  # the segment's own tokens
         torch.testing.assert_close(got, want[:, len(tokens) - got.shape[1]:])
+
+
+def test_trl_async_classes_come_from_trl_first_then_experimental(monkeypatch):
+    """TRL 1.18 makes AsyncGRPOTrainer stable (`from trl import ...`) and removes the
+    experimental submodules; 1.16-1.17 have it under trl.experimental.async_grpo only."""
+    from types import ModuleType
+
+    def module(name, **attrs):
+        fake = ModuleType(name)
+        fake.__path__ = []  # a package
+        fake.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, fake)
+
+    module("trl", AsyncGRPOConfig="stable config", AsyncGRPOTrainer="stable trainer")
+    assert trl_async_grpo() == ("stable config", "stable trainer")
+    module("trl")  # 1.16: not at the top
+    module("trl.experimental")
+    module("trl.experimental.async_grpo", AsyncGRPOConfig="exp config",
+           AsyncGRPOTrainer="exp trainer")
+    assert trl_async_grpo() == ("exp config", "exp trainer")
+
+
+def test_trl_internals_only_on_the_supported_releases(monkeypatch):
+    """TRL's own submodules are reached only through trl_cpu, and only on the releases that have
+    them; any other TRL gets an error that names the supported ones."""
+    assert trl_internal("packing").TREE_ATTENTION  # the installed TRL is a supported one
+    for found in ("1.18.0", "1.15.0", "2.0.0"):
+        monkeypatch.setattr(trl_cpu, "version", lambda _name, found=found: found)
+        with pytest.raises(RuntimeError, match=rf"supports trl 1\.16\.x-1\.17\.x; found {found}"):
+            trl_internal("packing")
+    monkeypatch.setattr(trl_cpu, "version", lambda _name: "1.17.2")
+    assert trl_internal("packing").TREE_ATTENTION
+
+
+def test_no_other_file_imports_trl_submodules_that_trl_removes():
+    """Only rollout/trl_cpu.py names TRL's async-GRPO submodules (TRL 1.18 removes them); the
+    rest of grpo_lab, the tests, benchmarks and notebooks use TRL's public surface."""
+    import re
+
+    removed = re.compile(r"trl\.experimental\.async_grpo\.\w|from trl\.experimental\.async_grpo "
+                         r"import [^\n]*\b(packing|async_grpo_trainer)\b")
+    files = [p for folder in ("grpo_lab", "tests", "benchmarks", "notebooks")
+             for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb")]
+    offenders = [p.relative_to(ROOT).as_posix() for p in files
+                 if removed.search(p.read_text()) and p.name != "trl_cpu.py"]
+    assert offenders == []
 
 
 def test_rewards_are_weighted_picklable_and_named():
@@ -143,8 +190,8 @@ def samples_per_optimizer_step(args, prompt: int, completions: list[int], steps:
     `gradient_accumulation_steps` micro-batches, as transformers' training loop draws them.
     Returns (samples per step, the most tokens a micro-batch forwarded)."""
     import numpy as np
-    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
+    _, AsyncGRPOTrainer = trl_async_grpo()
     rollouts = queue.Queue()
     group = args.num_generations
     for g in range(4 * steps * args.per_device_train_batch_size

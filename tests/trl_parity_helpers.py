@@ -8,6 +8,7 @@ own module-scoped fixtures.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from contextlib import contextmanager
 
@@ -37,6 +38,13 @@ LORA = dict(r=1, lora_alpha=2, target_modules="all-linear", lora_dropout=0.0, ta
 MISS = 100
 
 
+CHECKPOINTING = ("activation_checkpointing"
+                 if "activation_checkpointing" in {f.name for f in dataclasses.fields(TRLConfig)}
+                 else "gradient_checkpointing")
+"""The field's name in TRL's config: transformers 5.23 renamed `gradient_checkpointing`, and
+grpo_lab's floor (5.5.3) has the old name only."""
+
+
 def trl_args(output_dir, **overrides) -> TRLConfig:
     """TRL's GRPOConfig shrunk for the tiny model on a CPU (its defaults suit 7B models on GPUs)."""
     values = dict(
@@ -45,8 +53,8 @@ def trl_args(output_dir, **overrides) -> TRLConfig:
         bf16=False,  # use_cpu alone leaves bf16 on
         report_to="none",
         save_strategy="no",
-        # TRL's default True (as gradient_checkpointing) only slows 1M params
-        activation_checkpointing=False,
+        # TRL's default True only slows 1M params
+        **{CHECKPOINTING: False},
         per_device_train_batch_size=B,  # completions per micro-batch
         num_generations=G,
         max_completion_length=MAX_COMPLETION_LENGTH,  # default 512

@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Run the demo as local jobs or in this process; 1 if the gain misses `--min-gain`."""
     min_gain = DEFAULT_MIN_GAIN if args.min_gain is None else args.min_gain
+    if args.output_dir is None:  # named now: `--report-to` names the run after it
+        args.output_dir = default_run_dir(args.jobs)
     if args.jobs == "local":
         from .multi_job import multi_job_config, run_multi_job_demo  # the jobs, not the trainer
 
@@ -54,6 +56,12 @@ def run(args) -> int:
     return 0
 
 
+def default_run_dir(jobs: str) -> str:
+    """`runs/demo-<date>-<time>` (`runs/demo-jobs-...` for `--jobs local`)."""
+    name = "demo-jobs-%Y%m%d-%H%M%S" if jobs == "local" else "demo-%Y%m%d-%H%M%S"
+    return str(Path("runs") / datetime.now().strftime(name))
+
+
 def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
     """Train, then print and return the summary; everything lands in `config.output_dir`."""
     from ..train.metrics import plot_training
@@ -61,7 +69,7 @@ def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default path never touches the hub
     if config.output_dir is None:
-        config.output_dir = str(Path("runs") / datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
+        config.output_dir = default_run_dir("none")
     run_dir = Path(config.output_dir)
     trainer = GRPOTrainer(config)  # builds the tiny model first if it is not cached
     start = time.perf_counter()

@@ -123,6 +123,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         raise ValueError(f"{run_dir} already holds a demo run (its plan.json): pass a new "
                          "--output-dir, or none for a fresh folder under runs/")
     run_dir.mkdir(parents=True, exist_ok=True)
+    config.run_name = config.run_name or run_dir.name  # the trainer's, with --report-to
     bucket = run_dir / "bucket"
     block_size = DEFAULT_BLOCK_SIZE  # vLLM's default
     if config.model == "tiny":

@@ -17,6 +17,7 @@ from .reward_set import RewardSet, reward_spec
 from .sampler_correction import IS_MODES
 from .sampling_settings import sampling_problems
 from .tasks import TASKS, make_task, with_few_shot
+from .tracking import run_name, tracking_problems
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -196,6 +197,18 @@ class GRPOConfig:
     to `<output_dir>/completions.jsonl` (0 = never)."""
     num_completions_to_print: int = 2
     """Prompts shown each time (each with its G completions' rewards, the best and worst)."""
+    report_to: str | list[str] = "none"
+    """TRL's option: where else every metrics.jsonl record goes, `none`, `trackio`, `tensorboard`
+    or several (`trackio,tensorboard`, or a list; `pip install grpo_lab[tracking]`). Computed at
+    construction: a list, empty for none (grpo_lab.core.tracking, grpo_lab.train.reporters)."""
+    run_name: str | None = None
+    """The run's name in trackio (TRL's option); None = output_dir's folder name (computed at
+    runtime: effective_run_name). A resumed run keeps it, so trackio continues its curve."""
+    project: str = "grpo-lab"
+    """trackio's project (TRL's option): one SQLite file under TRACKIO_DIR."""
+    trackio_space_id: str | None = None
+    """A Hugging Face Space that trackio logs to (`user/name`, TRL's option); None = locally
+    only, under TRACKIO_DIR (`trackio show` serves the dashboard on 127.0.0.1)."""
 
     def __post_init__(self):
         problems = []
@@ -242,6 +255,7 @@ class GRPOConfig:
         if self.beta < 0:
             problems.append(f"beta must be >= 0 (got {self.beta})")
         problems += self._importance_sampling_problems()
+        problems += tracking_problems(self)  # and report_to made a list
         if not 0 <= self.adam_beta2 < 1 or self.weight_decay < 0:
             problems.append(f"need 0 <= adam_beta2 < 1 and weight_decay >= 0 (got "
                             f"{self.adam_beta2}, {self.weight_decay})")
@@ -295,6 +309,11 @@ class GRPOConfig:
     def effective_lora_alpha(self) -> float:
         """Computed at runtime: lora_alpha, or 2 * rank when unset."""
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    @property
+    def effective_run_name(self) -> str | None:
+        """Computed at runtime: run_name, or output_dir's folder name (grpo_lab.core.tracking)."""
+        return run_name(self)
 
     def to_dict(self) -> dict:
         """The fields as JSON takes them: a reward function as `module:function` when that

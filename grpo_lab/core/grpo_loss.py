@@ -278,4 +278,11 @@ def grpo_loss(
     metrics["clip_ratio/region_mean"] = masked_mean(
         (surrogate.low_clipped | surrogate.high_clipped).float(), mask
     ).item()
+    # Per-completion extremes (TRL's): the clipped fraction of each completion's tokens.
+    lengths = mask.sum(1)  # (B,)
+    if bool((lengths > 0).any()):
+        def per_completion(clipped):  # (B',) over the completions with tokens
+            return ((clipped.float() * mask).sum(1) / lengths.clamp(min=1))[lengths > 0]
+        metrics["clip_ratio/low_min"] = per_completion(surrogate.low_clipped).min().item()
+        metrics["clip_ratio/high_max"] = per_completion(surrogate.high_clipped).max().item()
     return loss, metrics

@@ -17,7 +17,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..core.argv import flag_args
 from ..core.processes import free_port
+from ..core.tracking import report_targets
 from ..proxy.process import proxy_args
 from ..serving.process import GRPO_LAB
 from .blog import HF_BLOG_MODEL, PRESETS
@@ -109,6 +111,10 @@ def recipe_plan(config: RecipeConfig | None = None, *,
                          f"got {cfg.gpu_memory_utilization}")
     if cfg.max_prompt_length < 1 or cfg.max_completion_length < 1:
         raise ValueError("need max_prompt_length >= 1 and max_completion_length >= 1")
+    report_to = report_targets(cfg.report_to)
+    if cfg.backend == "hf-jobs" and "trackio" in report_to and not cfg.trackio_space_id:
+        raise ValueError("report_to trackio on HF Jobs needs --trackio-space-id: without a Space "
+                         "trackio's file stays on the trainer job's disk, gone when it ends")
     run_name = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
     if cfg.backend == "local":
         return _local_plan(cfg, run_name, list(
@@ -126,6 +132,10 @@ def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url:
     args = [arg.format(**values) for arg in template]
     if _api_key_secrets() and args[:1] == ["train-async"]:  # the key by env var name, never argv
         args += ["--api-key-env", API_KEY_ENV]
+    report_to = report_targets(cfg.report_to)
+    if report_to and args[:1] in (["train-async"], ["train-trl-async"]):
+        args += flag_args({"report_to": ",".join(report_to),
+                           "trackio_space_id": cfg.trackio_space_id})
     return args
 
 
@@ -253,7 +263,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         "set -e",
         install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE,
                                  extra=("kernels",) if cfg.trainer == "trl"
-                                 and trainer_image == VLLM_IMAGE else ()),
+                                 and trainer_image == VLLM_IMAGE else (),
+                                 extras=("tracking",) if report_targets(cfg.report_to) else ()),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         # One process per GPU: `accelerate launch` with FSDP2 on h200x2 and the like.

@@ -76,3 +76,11 @@ class RecipeConfig:
     """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>)."""
     health_timeout_s: float = 300.0
     """Local backend: how long to wait for each server's /health."""
+    report_to: str = "none"
+    """The trainer's `--report-to`: where it sends each metrics.jsonl record besides, `none`,
+    `trackio`, `tensorboard` or several, comma separated; the run is named `run_name` there, the
+    same across the job's resumes. The HF trainer job then installs grpo_lab[tracking]."""
+    trackio_space_id: str | None = None
+    """The trainer's `--trackio-space-id`: the Space trackio logs to (`user/name`, with the job's
+    HF_TOKEN). None = locally under TRACKIO_DIR; on HF Jobs, where the job's disk goes with it,
+    report_to trackio needs a Space."""

@@ -26,6 +26,7 @@ from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints, full_state
 from ..core.jsonl import read_jsonl
 from ..core.sampling_settings import sampling_settings
+from ..core.tracking import TENSORBOARD_DIR
 from ..rollout.async_trainer import AsyncGRPOTrainer
 from ..rollout.config import AsyncGRPOConfig
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
@@ -94,9 +95,9 @@ BUFFER_COUNTERS = {"dropped_stale": "sample/dropped_stale_cumulative",
                    "enqueued": "sample/enqueued", "delivered": "sample/delivered"}
 """summary.json's `groups` counts (kept in checkpoints) and the buffer's `stats()` they add up."""
 
-LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json")
+LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json", TENSORBOARD_DIR)
 """What the trainer writes into its run folder while it trains (the rest is written once, at
-the end: `adapter/`, `summary.json`)."""
+the end: `adapter/`, `summary.json`); `tensorboard/` with `--report-to tensorboard`."""
 
 
 def copy_whole(source: Path, destination: Path, names=LOG_FILES) -> None:
@@ -106,6 +107,16 @@ def copy_whole(source: Path, destination: Path, names=LOG_FILES) -> None:
     for name in names:
         if (source / name).is_file():
             shutil.copyfile(source / name, destination / name)
+        elif (source / name).is_dir():  # tensorboard/: each event file copied whole
+            shutil.copytree(source / name, destination / name, dirs_exist_ok=True)
+
+
+def remove(path: Path) -> None:
+    """A log file, or the tensorboard folder, if there."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 # -- step 0: the replicas serve the trainer's base model ------------------------------------------
@@ -134,9 +145,11 @@ def prepare_run_folder(config: AsyncGRPOConfig, job: TrainAsyncJobConfig):
         return config, published, published
     out = Path(job.local_dir)
     for name in LOG_FILES:  # this run's logs only: a restarted job's so far, if any
-        (out / name).unlink(missing_ok=True)
+        remove(out / name)
     copy_whole(published, out)
-    return replace(config, output_dir=str(out)), out, published
+    # the run keeps the run folder's name in trackio, not the local folder's
+    return (replace(config, output_dir=str(out), run_name=config.effective_run_name), out,
+            published)
 
 
 # -- step 2: where to start from ----------------------------------------------------------------
@@ -159,6 +172,7 @@ def recover_logs(out: Path, bucket: AdapterBucket, latest, state: dict) -> list[
     return the metrics kept."""
     if latest is None:  # from step 0: no metrics from an earlier attempt
         (out / "metrics.jsonl").unlink(missing_ok=True)
+        remove(out / TENSORBOARD_DIR)  # nor their TensorBoard copy
         if not bucket.versions():  # and no version published yet
             (out / "syncs.jsonl").unlink(missing_ok=True)
     kept = []

@@ -74,7 +74,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         self._admission_needs: int | None = None
         self._version_offset = 0  # version - step // weight_sync_steps when the steps started
         self._worker_error: BaseException | None = None
-        self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0)
+        self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0, retried=0)
         self._last = dict(self._counters, tok_s=0.0)
         self._buffer_last: dict = {}  # the buffer's cumulative counters at the last step
         self._started_at = time.perf_counter()
@@ -151,6 +151,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         """Start the rollout worker (called by `train()` after the initial evaluation)."""
         cfg = self.config
         self._set_threads(cfg.trainer_threads)
+        self.peak_flops()  # a CPU's is measured (once per machine) before the worker starts
         self._started_at = time.perf_counter()
         if self._worker is not None and self._worker.is_alive():
             return
@@ -243,8 +244,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         metrics.update(correction)
         metrics["perf/optimizer_s"] = optimizer_s
         metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
-        metrics["batch/forwarded_tokens_per_step"] = int(  # every process's
-            self.processes.sum([sum(mb.input_tokens for mb in micro_batches)])[0])
+        metrics.update(self.step_work(batch, micro_batches))  # every process's
         return metrics
 
     def publish(self) -> float:
@@ -301,7 +301,12 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
             "rollout/generated_tok_s_busy": self._generation_speed(),
             "rollout/version_wait_s": self._delta("version_wait_s"),
             "time_s": done - self._started_at,
+            "batch/groups_per_step": len(groups),
         })
+        metrics.update(self.throughput(metrics, metrics["perf/fwd_bwd_s"], done - start))
+        if hasattr(self.generator, "retried"):  # HTTP generators: vLLM calls sent again
+            self._counters["retried"] = self.generator.retried
+            metrics["rollout/vllm_retry_total"] = self._delta("retried")
         if hasattr(self.generator, "pop_inflight_peak"):
             metrics["rollout/inflight_max"] = self.generator.pop_inflight_peak()
         return metrics

@@ -21,6 +21,17 @@ LORA_NAME = "trl-policy"
 """TRL's adapter name: versions are `trl-policy-v1`, `trl-policy-v2`, ... on the servers."""
 
 
+def trl_async_grpo():
+    """TRL's (AsyncGRPOConfig, AsyncGRPOTrainer) from its public surface: `trl` itself where
+    the trainer is stable (1.18 on), else `trl.experimental.async_grpo` (1.16, 1.17). Every
+    import of them in grpo_lab goes through here; TRL's internals, through rollout.trl_cpu."""
+    try:
+        from trl import AsyncGRPOConfig, AsyncGRPOTrainer
+    except ImportError:
+        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    return AsyncGRPOConfig, AsyncGRPOTrainer
+
+
 def micro_batch_size(samples: int, sample_tokens: int, token_budget: int | None) -> int:
     """Samples per micro-batch: the whole step's without a budget; with one, the most samples of
     the longest possible length (`sample_tokens`) that fit in `token_budget` (at least one),
@@ -44,8 +55,7 @@ def trl_config(config: AsyncGRPOConfig, job, output_dir: Path, device: str,
     holds `micro_batch_size` samples (at most `token_budget` tokens even if every sample has the
     longest prompt, `prompt_tokens`, and a full completion) and gradient accumulation adds them
     up to the step. The weights stay float32: `--dtype` (bfloat16 on a GPU) is the autocast's."""
-    from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
-
+    TRLAsyncGRPOConfig, _ = trl_async_grpo()
     if config.stop or config.stop_token_ids:
         raise ValueError("stop and stop_token_ids: TRL's rollout worker sends neither (use "
                          "train-async)")
@@ -74,7 +84,11 @@ def trl_config(config: AsyncGRPOConfig, job, output_dir: Path, device: str,
         request_timeout=job.request_timeout_s,
         gradient_checkpointing=config.gradient_checkpointing,
         dtype="float32", bf16=compute == "bfloat16", fp16=compute == "float16",
-        use_cpu=device == "cpu", logging_steps=1, report_to="none", disable_tqdm=True,
+        use_cpu=device == "cpu", logging_steps=1, disable_tqdm=True,
+        # TRL's own reporting (trackio resumes the run of this name: the curve continues)
+        report_to=config.report_to or "none", run_name=config.effective_run_name,
+        project=config.project,
+        trackio_space_id=config.trackio_space_id,
         **checkpoints)
 
 
@@ -93,7 +107,8 @@ def lora_config(config: AsyncGRPOConfig):
 
 def trainer_classes():
     from transformers import TrainerCallback
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    _, AsyncGRPOTrainer = trl_async_grpo()
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
         """TRL's trainer, with its adapters saved into `bucket` (the servers' adapter folder),

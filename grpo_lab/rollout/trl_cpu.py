@@ -4,12 +4,48 @@ TRL 1.16's asynchronous trainer assumes CUDA in two places, which `use_cpu_tree_
 `skip_cuda_queries` replace for the process they are called in (TRL's files are not touched):
 FlashAttention-3 for its packed prefix trees becomes `tree_attention_cpu`, and MFU is not logged.
 The trees' layout and the mask: docs/internals.md, "TRL's AsyncGRPOTrainer".
+
+Both replacements reach into TRL's own submodules (`trl.experimental.async_grpo.packing` and
+`.async_grpo_trainer`), which TRL 1.18 removes when the trainer becomes stable. This module is
+the only place in grpo_lab (tests included) that imports them, through `trl_internal`, and only
+on the TRL releases listed in `SUPPORTED_TRL`; anything else gets an error naming them.
+TRL's public classes come from grpo_lab.rollout.trl_async.trl_async_grpo.
 """
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
 import torch
 import torch.nn.functional as F
+
+SUPPORTED_TRL = ("1.16", "1.17")
+"""TRL minor releases whose async-GRPO internals this module patches (1.16.0 is tested; 1.17
+keeps the same submodules, and 1.18 removes them)."""
+
+
+def check_trl_version() -> str:
+    """The installed TRL's version, if `trl_internal` supports it; otherwise a RuntimeError that
+    names the supported releases."""
+    try:
+        found = version("trl")
+    except PackageNotFoundError:
+        found = "none installed"
+    if ".".join(found.split(".")[:2]) not in SUPPORTED_TRL:
+        raise RuntimeError(
+            f"grpo_lab's CPU patch of TRL's AsyncGRPOTrainer supports trl "
+            f"{SUPPORTED_TRL[0]}.x-{SUPPORTED_TRL[-1]}.x; found {found}. On a CUDA GPU no patch "
+            f"is needed (TRL's own kernel runs); off one, install a supported trl "
+            f"(pip install 'trl>={SUPPORTED_TRL[0]},<1.18') or use `grpo-lab train-async`")
+    return found
+
+
+def trl_internal(name: str):
+    """TRL's submodule `trl.experimental.async_grpo.<name>` (`packing`, `async_grpo_trainer`),
+    after `check_trl_version`."""
+    check_trl_version()
+    return importlib.import_module(f"trl.experimental.async_grpo.{name}")
 
 
 def tree_attention_cpu(module, query, key, value, attention_mask, *, tree_kv_index,
@@ -44,9 +80,8 @@ def use_cpu_tree_attention() -> None:
     """Serve TRL's tree-attention name with `tree_attention_cpu`. TRL registers its kernel in
     the trainer's __init__: call this after it."""
     from transformers import AttentionInterface
-    from trl.experimental.async_grpo.packing import TREE_ATTENTION
 
-    AttentionInterface.register(TREE_ATTENTION, tree_attention_cpu)
+    AttentionInterface.register(trl_internal("packing").TREE_ATTENTION, tree_attention_cpu)
 
 
 def no_peak_flops(accelerator, dtype) -> None:
@@ -56,6 +91,4 @@ def no_peak_flops(accelerator, dtype) -> None:
 
 def skip_cuda_queries() -> None:
     """Before the trainer is built: TRL's MFU lookup answers None instead of asking CUDA."""
-    from trl.experimental.async_grpo import async_grpo_trainer
-
-    async_grpo_trainer.get_peak_flops_per_device = no_peak_flops
+    trl_internal("async_grpo_trainer").get_peak_flops_per_device = no_peak_flops

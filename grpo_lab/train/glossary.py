@@ -1,5 +1,5 @@
 """Every metric the trainers write to `metrics.jsonl`, with its meaning (`METRICS`), and which of
-TRL's names each one is (`TRL_SYNC_NAMES`, `TRL_ASYNC_NAMES`).
+TRL's names each one is (`TRL_SYNC_NAMES`, `TRL_ASYNC_NAMES`, kept in grpo_lab.train.trl_names).
 
 Names follow TRL: the synchronous trainer's those of TRL's GRPOTrainer, the asynchronous
 trainer's those of TRL's AsyncGRPOTrainer, where TRL logs the same quantity; a quantity TRL
@@ -15,7 +15,7 @@ buffer's `stats()` (grpo_lab.rollout.buffer, cumulative since the buffer was mad
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from .trl_names import TRL_ASYNC_NAMES, TRL_SYNC_NAMES, TRLName  # noqa: F401 (re-exported)
 
 METRICS: dict[str, str] = {
     # --- both trainers ---
@@ -67,12 +67,58 @@ METRICS: dict[str, str] = {
     "clip_ratio/high_mean":
         "fraction of tokens with positive advantage clipped above 1 + epsilon_high",
     "clip_ratio/region_mean": "fraction of tokens clipped on either side",
+    "clip_ratio/low_min": "the smallest, over the step's completions, fraction of a "
+                          "completion's tokens clipped below 1 - epsilon_low",
+    "clip_ratio/high_max": "the largest, over the step's completions, fraction of a "
+                           "completion's tokens clipped above 1 + epsilon_high: one completion "
+                           "whose push the clip mostly stopped",
     "grad_norm": "gradient norm before clipping",
     "eval/accuracy": "greedy accuracy on the held-out set (only on evaluation steps)",
     "perf/step_s": "wall seconds of the step",
     "perf/fwd_bwd_s": "seconds of the step's forward and backward passes, the reference's "
                       "no-grad one (beta > 0) included; the synchronous trainer counts the "
                       "optimizer step in it too, the asynchronous one logs it apart",
+    "perf/forwarded_tok_s_fwd_bwd": "batch/forwarded_tokens_per_step x num_iterations over "
+                                    "perf/fwd_bwd_s: the forward and backward passes' speed",
+    "perf/forwarded_tok_s_wall_clock": "the same tokens over perf/step_s: the whole step, "
+                                       "waiting for samples included",
+    "perf/trained_tok_s_wall_clock": "batch/trained_tokens_per_step x num_iterations over "
+                                     "perf/step_s",
+    "perf/mfu_fwd_bwd": "model FLOPs utilisation over perf/fwd_bwd_s, in percent (TRL's "
+                        "unit): the model FLOPs of the step's passes (TRL's count: 3 x the "
+                        "forward's matmuls and attention scores, over the unpadded tokens; the "
+                        "reference's forward when beta > 0) over the peak of the processes' "
+                        "devices. A GPU's peak is its published dense bf16 one (unknown GPU: "
+                        "not logged), a CPU's a float32 matmul measured once at the trainer's "
+                        "threads (grpo_lab.core.flops). TRL's 3 x assumes full fine-tuning: "
+                        "LoRA's backward skips the frozen weights' gradients, so with LoRA the "
+                        "work done is up to 1.5 x less than counted",
+    "perf/mfu_wall_clock": "the same FLOPs over perf/step_s: the share of the machine's peak "
+                           "the whole step turned into training",
+    "batch/groups_per_step": "prompt groups trained this step (prompts_per_step; with "
+                             "dynamic_sampling, those kept)",
+    "batch/samples_per_step": "completions trained this step (groups x G)",
+    "batch/trained_tokens_per_step": "completion tokens the loss is taken over this step, every "
+                                     "process's",
+    "batch/forwarded_tokens_per_step": "input tokens of the step's forward passes (one per "
+                                       "micro-batch), every process's, padding included (what "
+                                       "the forward computes and token_budget bounds)",
+    "batch/samples_per_row": "completions per micro-batch (TRL's row: one process's forward "
+                             "pass), mean over the step's",
+    "batch/row_tokens_mean": "input tokens of a micro-batch, padding included, mean over the "
+                             "step's",
+    "batch/row_tokens_max": "input tokens of the step's largest micro-batch",
+    "batch/row_fill_frac": "with token_budget: the micro-batches' input tokens over "
+                           "token_budget x their number (1 = every pass full)",
+    "batch/pad_frac": "fraction of the micro-batches' input tokens that are padding (forwarded: "
+                      "they cost FLOPs)",
+    "batch/masked_token_frac": "fraction of the completions' own tokens (prompt + completion, "
+                               "unpadded) that the loss skips: the prompt",
+    "sample/forwarded_tokens_mean": "tokens of a completion with its prompt, unpadded, mean "
+                                    "over the step's",
+    "sample/forwarded_tokens_max": "the longest prompt + completion of the step, in tokens",
+    "sample/trained_tokens_mean": "completion tokens (loss terms) per completion, mean over "
+                                  "the step's",
     # --- synchronous trainer only ---
     "perf/generate_s": "seconds spent sampling the step's completions (sync trainer)",
     "dynamic_sampling/rounds": "with dynamic_sampling: rounds of generation this step (1 = no "
@@ -89,9 +135,6 @@ METRICS: dict[str, str] = {
     "perf/optimizer_s": "seconds of the optimizer step(s): gradient clipping and AdamW",
     "batch/microbatches_per_step": "forward-backward passes (token-budget micro-batches) each "
                                    "trainer process made per optimizer step",
-    "batch/forwarded_tokens_per_step": "input tokens of those passes, every process's, padding "
-                                       "included (what the forward computes and token_budget "
-                                       "bounds)",
     "perf/rollout_wait_s": "seconds the trainer waited for samples this step (sync mode: "
                            "the generation time)",
     "perf/weight_sync_s": "seconds to publish the weights this step (0 on steps without a sync)",
@@ -102,6 +145,9 @@ METRICS: dict[str, str] = {
     "rollout/generated_tok_s_busy": "completion tokens per second of the worker's busy time "
                                     "(generating and scoring) since the last step; the last "
                                     "value when it finished nothing since",
+    "rollout/vllm_retry_total": "generator calls (generation requests, weight syncs) sent "
+                                "again since the last step after a 502/503/504 answer "
+                                "(generators over HTTP only)",
     "rollout/inflight_max": "most generation requests in flight at once since the last step "
                         "(generators over HTTP only; a request is a prompt's G completions, "
                         "or one completion with request_shape 'single')",
@@ -128,120 +174,6 @@ def glossary_name(name: str) -> str:
 def unknown_metrics(record: dict) -> list[str]:
     """Names in a metrics record that the glossary does not explain."""
     return sorted(name for name in record if glossary_name(name) not in METRICS)
-
-
-class TRLName(NamedTuple):
-    """One row of a mapping from grpo_lab's metric names to TRL's."""
-
-    ours: str | None  # None: grpo_lab does not log it (`*` stands for any name)
-    trl: str | None  # None: TRL does not log it
-    same: bool  # the same quantity (then the same name; tests/test_metric_names.py checks)
-    note: str = ""
-
-
-ONE_REWARD = "grpo_lab: with several reward functions (with one it is `reward`)"
-TRL_SYNC_NAMES: list[TRLName] = [  # grpo_lab's GRPOTrainer and TRL's GRPOTrainer (notebook 03)
-    TRLName("reward", "reward", True),
-    TRLName("reward_std", "reward_std", True, "the std of the step's rewards"),
-    TRLName("frac_reward_zero_std", "frac_reward_zero_std", True),
-    TRLName("rewards/<name>/mean", "rewards/<name>/mean", True, ONE_REWARD),
-    TRLName("rewards/<name>/std", "rewards/<name>/std", True, ONE_REWARD),
-    TRLName("completions/mean_length", "completions/mean_length", True),
-    TRLName("completions/min_length", "completions/min_length", True),
-    TRLName("completions/max_length", "completions/max_length", True),
-    TRLName("completions/clipped_ratio", "completions/clipped_ratio", True),
-    TRLName(None, "completions/mean_terminated_length", False, "and `min_`, `max_`: the "
-            "completions that ended with EOS"),
-    TRLName("entropy", "entropy", True, "from the update's own forward"),
-    TRLName("loss", "loss", True, "logged by transformers' Trainer"),
-    TRLName("grad_norm", "grad_norm", True, "logged by transformers' Trainer"),
-    TRLName("clip_ratio/low_mean", "clip_ratio/low_mean", True),
-    TRLName("clip_ratio/high_mean", "clip_ratio/high_mean", True),
-    TRLName("clip_ratio/region_mean", "clip_ratio/region_mean", True),
-    TRLName(None, "clip_ratio/low_min", False, "and `clip_ratio/high_max`: per-completion "
-            "extremes"),
-    TRLName("kl", "kl", True, "both only with beta > 0"),
-    *(TRLName(name, name, True, "with vllm_importance_sampling_correction") for name in (
-        "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-        "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-        "sampling/importance_sampling_ratio/max")),
-    TRLName("perf/step_s", "step_time", False, "TRL times its `training_step`; grpo_lab the "
-            "whole step, sampling included, under TRL AsyncGRPOTrainer's name"),
-    TRLName("ratio", None, False, "mean pi_theta / pi_old; TRL logs only the clipped fractions"),
-    TRLName("eval/accuracy", None, False, "greedy held-out accuracy; TRL's evaluation loop "
-            "reports sampled reward"),
-    TRLName(None, "num_tokens", False, "input tokens seen so far"),
-    TRLName(None, "learning_rate", False, "logged by transformers' Trainer"),
-]
-
-WINDOW = "TRL: the completions generated in the logging window; grpo_lab: the step's"
-TRL_ASYNC_NAMES: list[TRLName] = [  # grpo_lab's AsyncGRPOTrainer and TRL's AsyncGRPOTrainer
-    TRLName("step", None, False, "transformers' `log_history` carries it"),
-    TRLName("reward", "reward", True),
-    TRLName("reward_std", "reward_std", True, "the mean within-group std (GRPOTrainer's "
-            "`reward_std` is the std over the step)"),
-    TRLName("rewards/<name>", "rewards/<name>", True, "GRPOTrainer: `rewards/<name>/mean`"),
-    TRLName("rewards/<name>/std", None, False, "GRPOTrainer's name"),
-    TRLName("frac_reward_zero_std", None, False, "GRPOTrainer's name"),
-    TRLName("completions/mean_length", "completions/mean_length", True, WINDOW),
-    TRLName("completions/min_length", "completions/min_length", True, WINDOW),
-    TRLName("completions/max_length", "completions/max_length", True, WINDOW),
-    TRLName("completions/clipped_ratio", "completions/clipped_ratio", True, WINDOW),
-    TRLName("loss", "loss", True, "logged by transformers' Trainer; TRL's is the token mean "
-            "(loss_type `dapo`)"),
-    TRLName("grad_norm", "grad_norm", True, "logged by transformers' Trainer"),
-    TRLName("ratio", "ratio", True),
-    TRLName("kl", "kl", True, "k3 of KL(pi_sampler || pi_theta), every step"),
-    TRLName("ref_kl", None, False, "beta > 0; TRL's asynchronous trainer has no reference model "
-            "(GRPOTrainer logs this as `kl`)"),
-    TRLName("entropy", "entropy", True),
-    TRLName("clip_ratio/low_mean", "clip_ratio/low_mean", True),
-    TRLName("clip_ratio/high_mean", "clip_ratio/high_mean", True),
-    TRLName("clip_ratio/region_mean", "clip_ratio/region_mean", True),
-    TRLName(None, "clip_ratio/low_min", False, "and `clip_ratio/high_max`: per-completion "
-            "extremes"),
-    TRLName("sampling/*", None, False, "GRPOTrainer's names (vllm_importance_sampling_correction)"),
-    TRLName("eval/accuracy", None, False, "TRL's asynchronous trainer does not evaluate"),
-    TRLName("perf/step_s", "perf/step_s", True, "TRL: from one step's end to the next's"),
-    TRLName("perf/fwd_bwd_s", "perf/fwd_bwd_s", True, "grpo_lab's also counts the "
-            "reference's no-grad pass (beta > 0)"),
-    TRLName(None, "perf/fwd_s", False, "the forward part alone"),
-    TRLName("perf/optimizer_s", "perf/optimizer_s", True),
-    TRLName("perf/generate_s", None, False, "`asynchronous=False` only"),
-    TRLName("perf/rollout_wait_s", "perf/rollout_wait_s", True),
-    TRLName("perf/weight_sync_s", "perf/weight_sync_s", True, "grpo_lab logs 0 on steps without "
-            "a sync, TRL nothing"),
-    TRLName(None, "perf/weight_sync_transfer_s", False, "and `_pause_s`, `_barrier_s`: an NCCL "
-            "sync's phases"),
-    TRLName(None, "perf/mfu_fwd_bwd", False, "model FLOPs utilisation (CUDA)"),
-    TRLName("batch/microbatches_per_step", "batch/microbatches_per_step", True),
-    TRLName("batch/forwarded_tokens_per_step", "batch/forwarded_tokens_per_step", True,
-            "TRL's prefix-tree rows share a group's prompt, grpo_lab's rows count their padding"),
-    TRLName(None, "batch/trained_tokens_per_step", False, "completion tokens"),
-    TRLName(None, "batch/samples_per_step", False, "prompts_per_step x G here"),
-    TRLName(None, "batch/packing_ratio", False, "TRL's prefix-tree packing (`batch/row_*` too)"),
-    TRLName("version", None, False, "TRL keeps its `model_version` unlogged"),
-    TRLName("time_s", None, False),
-    TRLName("rollout/backpressure_total_s", "rollout/backpressure_s", False, "grpo_lab: the "
-            "step's blocked seconds, summed; TRL: the mean wait of a blocked put (one per "
-            "completion)"),
-    TRLName("rollout/version_wait_s", None, False, "grpo_lab's admission rule; TRL drops stale "
-            "samples instead"),
-    TRLName("rollout/generated_tok_s_busy", "rollout/generated_tok_s", False, "grpo_lab: per "
-            "second of the worker's busy time; TRL: per wall second, stalls included"),
-    TRLName("rollout/inflight_max", "rollout/inflight", False, "grpo_lab: the most in flight "
-            "since the last step; TRL: the mean count as each group is scored"),
-    TRLName(None, "rollout/score_s", False, "TRL scores in a stage of its own "
-            "(`rollout/score_wait_s`, `rollout/score_block_s` too)"),
-    TRLName("sample/rollout_queue_size", "sample/rollout_queue_size", True, "in completions; "
-            "grpo_lab reads it once per step, TRL at each pull"),
-    TRLName("sample/rollout_queue_maxsize", None, False, "TRL's `queue_maxsize` setting"),
-    TRLName("sample/staleness_mean", "sample/staleness_mean", True),
-    TRLName("sample/staleness_max", "sample/staleness_max", True),
-    TRLName("sample/dropped_stale_total", "sample/dropped_stale_total", True, "in completions; "
-            "grpo_lab drops whole groups"),
-    TRLName("sample/time_in_queue_s", "sample/time_in_queue_s", True),
-]
 
 
 def _cell(text: str) -> str:

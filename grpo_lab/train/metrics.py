@@ -15,19 +15,39 @@ from ..core.jsonl import read_jsonl
 
 
 class MetricsLogger:
-    """Appends one JSON line per record; keeps the records in memory too."""
+    """Appends one JSON line per record; keeps the records in memory too, and sends each to the
+    `reporters` (trackio, TensorBoard: grpo_lab.train.reporters), the one place records go out.
 
-    def __init__(self, path: str | Path | None = None):
+    The reporters start at the first record logged; when the logger already holds records then
+    (a resumed run sets `records` to those kept), they continue that run. `close()` ends them;
+    a later record starts them again, continuing."""
+
+    def __init__(self, path: str | Path | None = None, reporters: Sequence = ()):
         self.path = Path(path) if path else None
         self.records: list[dict] = []
+        self.reporters = list(reporters)
+        self._started = False
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, record: dict) -> None:
+        if self.reporters and not self._started:
+            for reporter in self.reporters:
+                reporter.start(record.get("step", 0), resumed=bool(self.records))
+            self._started = True
         self.records.append(record)
         if self.path:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+        for reporter in self.reporters:
+            reporter.log(record)
+
+    def close(self) -> None:
+        """End the reporters' runs (flushes trackio's queue); metrics.jsonl needs nothing."""
+        if self._started:
+            for reporter in self.reporters:
+                reporter.close()
+            self._started = False
 
 
 LOG_KEYS = ("reward", "reward_std", "ratio", "loss", "completions/mean_length", "perf/step_s")

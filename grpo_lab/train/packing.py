@@ -31,6 +31,7 @@ class MicroBatch(ABC):
     advantages: torch.Tensor  # (n,)
     input_tokens: int  # tokens in the forward input, padding included (what the budget bounds)
     importance_weights: torch.Tensor | None = None  # (n, C) or (n, 1): pi_old / pi_sampler
+    real_tokens: int = 0  # of input_tokens, those that are not padding (what the model needs)
 
     @property
     def num_sequences(self) -> int:
@@ -164,6 +165,7 @@ def _padded(batch, idx: list[int], prompt_lens, completion_lens) -> PaddedMicroB
     return PaddedMicroBatch(
         **_sequence_fields(batch, idx, C),
         input_tokens=len(idx) * (P + C),
+        real_tokens=sum(prompt_lens[i] + completion_lens[i] for i in idx),
         prompt_ids=batch.prompt_ids[rows][:, batch.prompt_ids.shape[1] - P:],
         prompt_mask=batch.prompt_mask[rows][:, batch.prompt_mask.shape[1] - P:],
     )
@@ -207,6 +209,7 @@ def _packed(batch, rows: list[list[int]], prompt_lens, completion_lens) -> Packe
     return PackedMicroBatch(
         **_sequence_fields(batch, idx, C),
         input_tokens=len(rows) * width,
+        real_tokens=sum(prompt_lens[i] + completion_lens[i] for i in idx),
         input_ids=input_ids.to(batch.prompt_ids.device),
         position_ids=position_ids.to(batch.prompt_ids.device),
         attention_mask=block_causal_mask(segments).to(batch.prompt_ids.device),
@@ -254,7 +257,7 @@ def accumulate_grpo_loss(
         # As many passes on every process (one gradient sync each step, FSDP2's weight gathers):
         # a process with fewer micro-batches repeats its first one with weight 0.
         passes = processes.passes(len(micro_batches))
-    total, metrics = 0.0, {}
+    total, metrics, extremes = 0.0, {}, {}
     for k in range(passes):
         real = k < len(micro_batches)
         mb = micro_batches[k if real else 0]
@@ -282,9 +285,17 @@ def accumulate_grpo_loss(
         total += loss.item() * share
         token_share = mb.num_completion_tokens / max(num_tokens, 1) if real else 0.0
         for name, value in mb_metrics.items():
-            metrics[name] = metrics.get(name, 0.0) + value * token_share
+            if name.endswith(("_min", "_max")):  # extremes over the step's completions
+                if real:
+                    pick = min if name.endswith("_min") else max
+                    extremes[name] = pick(extremes.get(name, value), value)
+            else:
+                metrics[name] = metrics.get(name, 0.0) + value * token_share
     if distributed:  # each process summed its part of the step's numbers: add them up
         names = sorted(metrics)
         sums = processes.sum([total, *(metrics[n] for n in names)])
         total, metrics = sums[0], dict(zip(names, sums[1:], strict=True))
-    return total, metrics
+        everyone = processes.gather(extremes)
+        extremes = {n: (min if n.endswith("_min") else max)(e[n] for e in everyone if n in e)
+                    for n in sorted(set().union(*everyone))}
+    return total, {**metrics, **extremes}

@@ -13,10 +13,12 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from ..core.flops import flops_per_token, peak_flops
 from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
 from .packing import accumulate_grpo_loss
 from .rollout_batch import RolloutBatch
 from .shared_prompt import layout_micro_batches
+from .step_metrics import layout_metrics, throughput_metrics
 
 
 class PolicyUpdate:
@@ -123,7 +125,35 @@ class PolicyUpdate:
                                                             float(batch.completion_mask.sum()))
             metrics.update(correction)
         metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
+        metrics.update(self.step_work(batch, micro_batches))
         return metrics
+
+    def step_work(self, batch: RolloutBatch, micro_batches: list) -> dict[str, float]:
+        """The step's layout metrics (grpo_lab.train.step_metrics, a collective), keeping the
+        model FLOPs of its passes for `throughput`: every training pass (num_iterations) over
+        the unpadded tokens, and the reference's no-grad forward (beta > 0), a third of one."""
+        cfg = self.config
+        metrics, (tokens, sequences) = layout_metrics(batch, micro_batches, cfg.token_budget,
+                                                      self.processes)
+        per_token = flops_per_token(self.model.config, tokens // max(sequences, 1))
+        passes = cfg.num_iterations + (1 / 3 if cfg.beta > 0 else 0)
+        self._step_flops = per_token * tokens * passes if per_token else None
+        return metrics
+
+    def peak_flops(self) -> float | None:
+        """One process's peak FLOP/s (grpo_lab.core.flops): a GPU's published one, or the CPU's
+        measured once at the trainer's threads. None when unknown (no MFU is logged)."""
+        if not hasattr(self, "_peak_flops"):
+            dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+            threads = getattr(self.config, "trainer_threads", None) or torch.get_num_threads()
+            self._peak_flops = peak_flops(self.device, dtype, threads)
+        return self._peak_flops
+
+    def throughput(self, metrics: dict, fwd_bwd_s: float, step_s: float) -> dict[str, float]:
+        """Tokens per second and MFU of the step whose `step_work` went into `metrics`."""
+        return throughput_metrics(metrics, self.config.num_iterations, fwd_bwd_s, step_s,
+                                  getattr(self, "_step_flops", None), self.peak_flops(),
+                                  self.processes.num_processes)
 
     def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
                         mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

@@ -94,6 +94,7 @@ def shared_prompt_micro_batch(batch, groups: list[int], group_size: int, prompt_
     return PackedMicroBatch(
         **_sequence_fields(batch, idx, C),
         input_tokens=len(groups) * width,
+        real_tokens=sum(map(len, ids)),
         input_ids=padded(ids, 0).to(device=device, dtype=batch.prompt_ids.dtype),
         position_ids=padded(positions, 0).to(device),
         attention_mask=shared_prompt_mask(padded(segments, -1)).to(device),

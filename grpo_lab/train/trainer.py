@@ -34,6 +34,7 @@ from .dynamic_sampling import sample_with_signal
 from .metrics import MetricsLogger, format_step
 from .policy_model import prepare_policy, resolve_model_path
 from .policy_update import PolicyUpdate
+from .reporters import make_reporters
 from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from here too)
     RolloutBatch,
     SampledGroups,
@@ -113,7 +114,9 @@ class GRPOTrainer(PolicyUpdate):
         if out:
             out.mkdir(parents=True, exist_ok=True)
             config.save(out / "config.json")
-        self.logger = MetricsLogger(out / "metrics.jsonl" if out else None)
+        # Each record goes to metrics.jsonl and to `report_to`'s trackio/TensorBoard (main only).
+        self.logger = MetricsLogger(out / "metrics.jsonl" if out else None,
+                                    make_reporters(config) if self.processes.is_main else ())
         self.completion_log = CompletionLog(
             config.log_completions_every, config.num_completions_to_print, out,
             prompt_text=lambda prompt: render_prompt(self.tokenizer, prompt, **self.prompt_format),
@@ -196,7 +199,9 @@ class GRPOTrainer(PolicyUpdate):
         metrics.update(sampling)
         metrics.update({"perf/generate_s": generated - start,
                         "perf/fwd_bwd_s": done - generated,
-                        "perf/step_s": done - start})
+                        "perf/step_s": done - start,
+                        "batch/groups_per_step": len(problems)})
+        metrics.update(self.throughput(metrics, done - generated, done - start))
         return metrics
 
     def evaluate(self) -> float:
@@ -243,6 +248,7 @@ class GRPOTrainer(PolicyUpdate):
                     callback(record)
         finally:
             self.stop_steps()
+            self.logger.close()  # trackio's run ends (a later `train()` continues it)
             bar.close()
         if cfg.output_dir:
             self.save(Path(cfg.output_dir) / ("adapter" if cfg.use_lora else "model"))
