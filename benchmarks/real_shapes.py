@@ -464,8 +464,9 @@ def report(out: dict) -> None:
         print(f"{name:<22}{r['import_mib']:>10.0f}{r['ready_mib']:>10.0f}{r['peak_mib']:>10.0f}"
               f"{seconds:>10.2f}{tokens:>8.0f}")
     print("\n" + json.dumps(out["summary"], indent=2))
-    for mode, m in out.get("memory_model", {}).items():
-        print(f"\nmemory model, the step above ({mode}):\n{m['table']}")
+    for mode, estimates in out.get("memory_model", {}).items():
+        for m in estimates.values():
+            print(f"\nmemory model, the step above ({mode}):\n{m['table']}")
     for name, m in out["blog"].items():
         print(f"\n{m['table']}" if name == "blog trainer" else f"{name}: {m['total_gib']:.1f} GiB")
     print("\ngoals met: " + json.dumps(out["met"]))
