@@ -40,6 +40,19 @@ def _missing(reason: str):
     pytest.skip(f"{reason}; `make setup` installs it where apt-get can (root or sudo)")
 
 
+def require_browser():
+    """(playwright's `sync_playwright`, the system Chromium's path), or skip (fail under
+    GRPO_LAB_REQUIRE_BROWSER=1) saying what is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed (pip install -e '.[dev]')")
+    chromium = find_chromium()
+    if chromium is None:
+        _missing("no system Chromium (Debian: apt-get install chromium)")
+    return sync_playwright, chromium
+
+
 def find_chromium() -> str | None:
     """The system Chromium: $GRPO_LAB_CHROMIUM, else `chromium` (Debian) or `chromium-browser`."""
     for name in (os.environ.get("GRPO_LAB_CHROMIUM"), "chromium", "chromium-browser"):
@@ -163,13 +176,7 @@ def watch_the_run(page, url: str, shots: Path) -> dict:
 
 @pytest.mark.slow
 def test_live_dashboard_in_jupyterlab_and_headless_chromium(tmp_path, tiny_model_dir):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("the playwright package is not installed (pip install -e '.[dev]')")
-    chromium = find_chromium()
-    if chromium is None:
-        _missing("no system Chromium (Debian: apt-get install chromium)")
+    sync_playwright, chromium = require_browser()
 
     root, shots = tmp_path / "root", tmp_path / "screenshots"
     root.mkdir()

@@ -193,23 +193,11 @@ SERVE_S, PAGE_S = 90, 60
 """Bounds: `trackio show` answering; the page showing the run."""
 
 
-def _missing(reason: str):
-    if os.environ.get("GRPO_LAB_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason} (GRPO_LAB_REQUIRE_BROWSER=1: run `make setup` first)")
-    pytest.skip(f"{reason}; `make setup` installs it where apt-get can (root or sudo)")
-
-
 @pytest.mark.slow
 def test_trackio_show_serves_the_run_to_headless_chromium(tiny_model_dir, tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("the playwright package is not installed (pip install -e '.[dev]')")
-    from test_dashboard_browser import find_chromium
+    from test_dashboard_browser import require_browser
 
-    chromium = find_chromium()
-    if chromium is None:
-        _missing("no system Chromium (Debian: apt-get install chromium)")
+    sync_playwright, chromium = require_browser()
     out, trackio_dir = tmp_path / "shown-run", tmp_path / "trackio"
     train(out, trackio_dir, "--model", str(tiny_model_dir), "--steps", "2", "--report-to",
           "trackio")

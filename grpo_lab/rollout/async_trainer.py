@@ -25,7 +25,6 @@ import torch
 from ..core.generation import Completions
 from ..core.grpo_loss import group_advantages
 from ..core.prompts import encode_prompts
-from ..train.packing import accumulate_grpo_loss
 from ..train.trainer import GRPOTrainer, RolloutBatch, rollout_metrics
 from .async_metrics import async_reward_names, buffer_metrics, inline_metrics
 from .buffer import RolloutBuffer
@@ -224,14 +223,8 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         metrics: dict[str, float] = {}
         optimizer_s = 0.0
         for iteration in range(cfg.num_iterations):
-            with self.autocast():
-                loss, metrics = accumulate_grpo_loss(
-                    self.train_model, micro_batches, temperature=cfg.temperature,
-                    loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
-                    epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
-                    max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
-                    on_logprobs=proximal if iteration == 0 else None, processes=self.processes,
-                    use_bias_correction_kl=cfg.use_bias_correction_kl)
+            loss, metrics = self.accumulate(micro_batches, ref_logps,
+                                            proximal if iteration == 0 else None)
             start = time.perf_counter()
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
             optimizer_s += time.perf_counter() - start

@@ -109,14 +109,8 @@ class PolicyUpdate:
         correcting = cfg.vllm_importance_sampling_correction
         metrics: dict[str, float] = {}
         for iteration in range(cfg.num_iterations):
-            with self.autocast():
-                loss, metrics = accumulate_grpo_loss(
-                    self.train_model, micro_batches, temperature=cfg.temperature,
-                    loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
-                    epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
-                    max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
-                    on_logprobs=take_pi_old if correcting and iteration == 0 else None,
-                    processes=self.processes, use_bias_correction_kl=cfg.use_bias_correction_kl)
+            loss, metrics = self.accumulate(micro_batches, ref_logps,
+                                            take_pi_old if correcting and iteration == 0 else None)
             metrics.update(loss=loss, grad_norm=self.apply_gradients())
         if correcting:  # TRL's `sampling/*`, over the whole batch (this process's share)
             _, correction = self.sampler_weights(pi_old, batch.old_logps, batch.completion_mask)
@@ -127,6 +121,20 @@ class PolicyUpdate:
         metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
         metrics.update(self.step_work(batch, micro_batches))
         return metrics
+
+    def accumulate(self, micro_batches: list, ref_logps: list | None, on_logprobs=None
+                   ) -> tuple[float, dict[str, float]]:
+        """One forward and backward over the step's micro-batches with this trainer's loss
+        settings, under its autocast: the step's loss and metrics (`accumulate_grpo_loss`)."""
+        cfg = self.config
+        with self.autocast():
+            return accumulate_grpo_loss(
+                self.train_model, micro_batches, temperature=cfg.temperature,
+                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
+                epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
+                max_completion_length=self.max_new_tokens, before_each=self._pick_threads,
+                on_logprobs=on_logprobs, processes=self.processes,
+                use_bias_correction_kl=cfg.use_bias_correction_kl)
 
     def step_work(self, batch: RolloutBatch, micro_batches: list) -> dict[str, float]:
         """The step's layout metrics (grpo_lab.train.step_metrics, a collective), keeping the
