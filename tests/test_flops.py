@@ -129,3 +129,20 @@ def test_a_short_async_run_logs_mfu(tiny_model_dir, tmp_path):
         assert 0 < r["perf/mfu_wall_clock"] <= r["perf/mfu_fwd_bwd"] <= 100
         assert r["batch/groups_per_step"] == 2 and r["batch/samples_per_step"] == 4
         assert 0 <= r["clip_ratio/low_min"] <= 1 and 0 <= r["clip_ratio/high_max"] <= 1
+
+
+def test_a_subclass_with_its_own_update_still_steps(tiny_model_dir):
+    """Notebook 01 overrides `optimize` with its own stage 4: no layout metrics, so no
+    throughput or MFU, and the step goes on."""
+    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    class OwnUpdate(GRPOTrainer):
+        def optimize(self, batch):
+            return {"loss": 0.0, "grad_norm": 0.0}
+
+    trainer = OwnUpdate(GRPOConfig(model=str(tiny_model_dir), prompts_per_step=2,
+                                   num_generations=2, steps=1, eval_size=4, progress=False))
+    record = trainer.step()
+    assert record["step"] == 1 and "perf/step_s" in record
+    assert not any(name.startswith("perf/mfu") for name in record)

@@ -158,7 +158,10 @@ class PolicyUpdate:
         return self._peak_flops
 
     def throughput(self, metrics: dict, fwd_bwd_s: float, step_s: float) -> dict[str, float]:
-        """Tokens per second and MFU of the step whose `step_work` went into `metrics`."""
+        """Tokens per second and MFU of the step whose `step_work` went into `metrics`; none
+        when the update made no layout metrics (a subclass's own `optimize`, as notebook 01's)."""
+        if "batch/forwarded_tokens_per_step" not in metrics:
+            return {}
         return throughput_metrics(metrics, self.config.num_iterations, fwd_bwd_s, step_s,
                                   getattr(self, "_step_flops", None), self.peak_flops(),
                                   self.processes.num_processes)
