@@ -77,8 +77,11 @@ def test_update_headless_prints_a_throttled_status_line():
         dash.update(record)  # usable as a trainer callback
     assert dash.renders == 1 and len(dash.records) == 30  # the first step drew, the rest waited
     dash.flush()
-    lines = out.getvalue().splitlines()
+    # the status lines, and once (between them) the run doctor's finding: the trainer too slow
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("step ")]
     assert len(lines) == 2 and lines[0].startswith("step 1 |")
+    assert [f.code for f in dash.findings] == ["bottleneck_trainer"]
+    assert out.getvalue().count("[doctor]") == 1
     last = lines[-1]
     for part in ("step 30", "reward 0.400", "ratio 1.0000", "staleness 1.5/3", "queue 8/8",
                  "wait 0.00s", "backpressure 1.50s", "trainer too slow",

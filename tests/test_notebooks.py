@@ -2,11 +2,15 @@
 filled in; then its recorded values. Static checks of the exercises and links run without a
 kernel."""
 
+import re
+
 import nbformat
 import pytest
 from real_vllm import require_vllm
 
+from course import lesson
 from course.exercises import SOLUTIONS_DIR, exercise_cells, fill_in_solutions
+from course.figures import figure_captions, figures_without_image, html_images
 from course.goals import NOTEBOOK_GOALS, missed_goals
 from course.notebooks import find_notebook, list_notebooks, notebook_number, run_notebook
 
@@ -49,6 +53,12 @@ def test_notebook_runs_and_achieves_its_goal(notebook, parameters, tmp_path, tin
     expected = set(exercise_cells(nbformat.read(notebook, as_version=4)))
     assert set(results.get("exercises", {})) == expected, results.get("exercises")
     assert all(ok is True for ok in results.get("exercises", {}).values()), results["exercises"]
+    # Every captioned figure has its image, in the executed notebook and in its HTML.
+    executed = nbformat.read(tmp_path / notebook.name, as_version=4)
+    captions = figure_captions(executed)
+    assert captions, f"{notebook.stem} has no captioned figure (**Figure N.k:** ...)"
+    assert not figures_without_image(executed, notebook.parent), captions
+    assert html_images(executed) >= len(captions)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -68,7 +78,9 @@ def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(noteboo
             f"### Exercise {exercise_id}:"), f"{exercise_id}: the cell above must state the task"
         check = nb.cells[index + 1]
         assert check.cell_type == "code" and f'exercises["{exercise_id}"]' in check.source
-        namespace = {"exercises": {}}
+        # the check cell's helpers (course.lesson), imported by the notebook's first cells
+        namespace = {"exercises": {}, **{name: getattr(lesson, name) for name in
+                                         ("check_answer", "check_prediction")}}
         exec(compile(nb.cells[index].source, f"{exercise_id} stub", "exec"), namespace)
         exec(compile(check.source, f"{exercise_id} check", "exec"), namespace)
         assert namespace["exercises"] == {exercise_id: None}, exercise_id
@@ -76,6 +88,24 @@ def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(noteboo
             f"{exercise_id}: the stub is its own solution"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "exercises = {}" in code and "exercises=exercises" in code
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_ends_with_one_call_what_you_learned_and_a_quiz(notebook):
+    """The last code cell is one `finish(...)` call (its goals live in course/goals.py); after it,
+    a "What you learned" section and 3-5 quiz questions."""
+    nb = nbformat.read(notebook, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    last = code[-1].source.strip()
+    assert last.startswith("finish(") or "\nfinish(" in last, last[:200]
+    assert last.count("finish(") == 1 and "assert " not in last
+    after = "\n".join(c.source for c in nb.cells[nb.cells.index(code[-1]) + 1:]
+                      if c.cell_type == "markdown")
+    assert "## What you learned" in after
+    quiz = after.split("## Quiz", 1)
+    assert len(quiz) == 2, "a '## Quiz' section after 'What you learned'"
+    questions = [line for line in quiz[1].splitlines() if re.match(r"\d+\. ", line)]
+    assert 3 <= len(questions) <= 5, questions
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

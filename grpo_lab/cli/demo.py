@@ -88,6 +88,7 @@ def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
         "trainable_parameters": trainer.num_trainable,
         "accuracy_before": before, "accuracy_after": after, "accuracy_gain": after - before,
         "grpo_seconds": round(grpo_seconds, 1), "run_dir": str(run_dir),
+        "findings": [f.as_dict() for f in trainer.logger.findings],  # the run doctor's
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print()
@@ -100,6 +101,8 @@ def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
     verdict = "met" if after - before >= min_gain else "NOT met"
     print(f"target: greedy accuracy gain >= {100 * min_gain:+.0f} points: "
           f"{100 * (after - before):+.1f} ({verdict})")
+    codes = [f["code"] for f in summary["findings"]]
+    print("run doctor: " + (", ".join(codes) if codes else "no findings"))
     print(f"run folder: {run_dir}  (metrics.jsonl, training.png, adapter/, summary.json)")
     print("=" * 64)
     return summary

@@ -184,6 +184,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "dropped_stale": trained["groups"]["dropped_stale"],
         "startup_s": round(ready - start, 1), "train_s": trained["seconds"],
         "wall_s": round(wall, 1), "run_dir": str(run_dir),
+        "findings": trained.get("findings", []),  # the run doctor's, in the trainer's run
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_pipeline(records).savefig(run_dir / "pipeline.png", dpi=90)
@@ -214,6 +215,8 @@ def print_summary(s: dict, min_gain: float) -> None:
     print("\n" + "=" * 72)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    codes = [f["code"] for f in s.get("findings", [])]
+    print(f"{'run doctor':<{width}}  " + (", ".join(codes) if codes else "no findings"))
     print("targets (2 CPU cores):")
     for line in demo_verdicts(s, min_gain):
         print(f"  {line}")

@@ -192,6 +192,8 @@ class GRPOConfig:
     """Folder for metrics.jsonl, config.json and the adapter/model (None = write nothing)."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    doctor: bool = True
+    """Run the run doctor (grpo_lab.train.doctor): name silent failures once, as they appear."""
     log_completions_every: int = 50
     """Print a few prompts with their completions and rewards every N steps, and append them
     to `<output_dir>/completions.jsonl` (0 = never)."""

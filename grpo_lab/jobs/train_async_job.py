@@ -95,7 +95,8 @@ BUFFER_COUNTERS = {"dropped_stale": "sample/dropped_stale_cumulative",
                    "enqueued": "sample/enqueued", "delivered": "sample/delivered"}
 """summary.json's `groups` counts (kept in checkpoints) and the buffer's `stats()` they add up."""
 
-LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json", TENSORBOARD_DIR)
+LOG_FILES = ("metrics.jsonl", "syncs.jsonl", "completions.jsonl", "config.json", "findings.jsonl",
+             TENSORBOARD_DIR)
 """What the trainer writes into its run folder while it trains (the rest is written once, at
 the end: `adapter/`, `summary.json`); `tensorboard/` with `--report-to tensorboard`."""
 
@@ -251,6 +252,7 @@ def summarize(trainer, generator, bucket, out: Path, latest, groups: dict,
         "inflight_peak": generator.inflight_peak,
         "seconds": round(seconds, 1),
         "bucket": str(bucket.root),
+        "findings": [f.as_dict() for f in trainer.logger.findings],  # the run doctor's
     }
 
 

@@ -21,6 +21,8 @@ from ..rollout.config import AsyncGRPOConfig
 from ..rollout.replica_check import check_replicas
 from ..rollout.trl_async import LORA_NAME
 from ..rollout.trl_data import max_prompt_tokens, reward_funcs, trl_dataset, with_response_parser
+from ..train.doctor import make_doctor
+from ..train.doctor_callback import DoctorCallback
 from .trainer_job import TrainerJobConfig, check_trainer_settings
 
 
@@ -91,10 +93,11 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     metrics = out / "metrics.jsonl"
     kept = read_jsonl(metrics) if start_step else []
     log = LogLines(metrics, config.steps, [r for r in kept if r["step"] <= start_step])
+    doctor = DoctorCallback(make_doctor(config)) if config.doctor else None  # the run doctor
     trainer = BucketAsyncGRPOTrainer(
         model=model_path, reward_funcs=reward_funcs(config), args=args,
         train_dataset=dataset, processing_class=tokenizer,
-        peft_config=trl_async.lora_config(config), callbacks=[log], bucket=bucket,
+        peft_config=trl_async.lora_config(config), callbacks=[log] + ([doctor] if doctor else []), bucket=bucket,
         cpu_attention=not device.startswith("cuda"), published=published)
     from transformers.trainer_callback import PrinterCallback
 
@@ -124,6 +127,7 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
         "seconds": round(seconds, 1),
         "bucket": str(bucket),
         "vllm": trl_async.vllm_origin(),
+        "findings": [f.as_dict() for f in doctor.findings] if doctor else [],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

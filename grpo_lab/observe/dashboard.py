@@ -4,8 +4,9 @@
     trainer.train(callback=dash.update)          # a trainer callback, or tail a run's file:
     dash.follow(run_dir, until=lambda: not run.running("trainer"))
 
-The panel holds a status line with `diagnose`'s verdict and the pipeline plots that have data
-(docs/internals.md, "The dashboard").
+The panel holds a status line with `diagnose`'s verdict, the run doctor's findings (each once,
+as it appears: grpo_lab.train.doctor) and the pipeline plots that have data (docs/internals.md,
+"The dashboard").
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .diagnose import (
     WAIT,
     diagnose,
 )
+from .doctor_pipeline import pipeline_doctor
 from .live_stats import router_counters
 from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis
 
@@ -60,8 +62,12 @@ class Dashboard:
 
     def __init__(self, *, stats: Callable[[], dict] | None = None, min_interval_s: float = 0.5,
                  max_busy: float | None = 0.1, notebook: bool | None = None, stream=None,
-                 title: str = "GRPO pipeline"):
+                 title: str = "GRPO pipeline", doctor=None):
         self.records: list[dict] = []
+        # `doctor`: a grpo_lab.train.doctor.Doctor (its run's max_staleness and correction);
+        # default: one that knows neither. `findings`: what it has named so far.
+        self.doctor = doctor if doctor is not None else pipeline_doctor()
+        self.findings: list = []
         self.stats, self.min_interval_s, self.title = stats, min_interval_s, title
         self.max_busy = max_busy
         self.stream = stream or sys.stdout
@@ -90,6 +96,11 @@ class Dashboard:
         with self._lock:
             self.records.append(dict(record))
             self._pending = True
+            new = self.doctor.observe(dict(record))
+            self.findings += new
+        if new and not self.notebook:  # in a notebook the panel lists them
+            for finding in new:
+                print(finding.text(), file=self.stream, flush=True)
         self.render()
 
     __call__ = update
@@ -140,7 +151,10 @@ class Dashboard:
         line = self.line(records, router)
         if self.notebook:
             self._image.value = self._png(records, router)
-            self._text.value = (f"<code>{html.escape(line)}</code><br>"
+            found = "".join(f"<br><b style='color: #b2182b'>doctor, step {f.step}: "
+                            f"{html.escape(f.title)}</b> <small>({html.escape(f.fix)})</small>"
+                            for f in self.findings)
+            self._text.value = (f"<code>{html.escape(line)}</code>{found}<br>"
                                 f"<small style='color: gray'>{html.escape(self.caption())}</small>")
         else:
             print(line, file=self.stream, flush=True)

@@ -22,11 +22,16 @@ class MetricsLogger:
     (a resumed run sets `records` to those kept), they continue that run. `close()` ends them;
     a later record starts them again, continuing."""
 
-    def __init__(self, path: str | Path | None = None, reporters: Sequence = ()):
+    def __init__(self, path: str | Path | None = None, reporters: Sequence = (), doctor=None,
+                 write=print):
         self.path = Path(path) if path else None
         self.records: list[dict] = []
         self.reporters = list(reporters)
         self._started = False
+        # The run doctor (grpo_lab.train.doctor): each finding is said once, as it appears:
+        # printed (`write`), in `findings.jsonl` beside metrics.jsonl, and as a trackio alert.
+        self.doctor, self.write = doctor, write
+        self.findings: list = []
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -41,6 +46,19 @@ class MetricsLogger:
                 f.write(json.dumps(record) + "\n")
         for reporter in self.reporters:
             reporter.log(record)
+        if self.doctor is not None:
+            for finding in self.doctor.observe(record):
+                self.report_finding(finding)
+
+    def report_finding(self, finding) -> None:
+        self.findings.append(finding)
+        self.write(finding.text())
+        if self.path:
+            with self.path.with_name("findings.jsonl").open("a") as f:
+                f.write(json.dumps(finding.as_dict()) + "\n")
+        for reporter in self.reporters:
+            if hasattr(reporter, "alert"):
+                reporter.alert(finding)
 
     def close(self) -> None:
         """End the reporters' runs (flushes trackio's queue); metrics.jsonl needs nothing."""

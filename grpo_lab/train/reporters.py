@@ -43,6 +43,12 @@ class TrackioReporter:
     def log(self, record: dict) -> None:
         self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
+    def alert(self, finding) -> None:
+        """A run doctor's finding (grpo_lab.train.doctor) as a trackio alert on this run."""
+        import trackio
+
+        trackio.alert(title=finding.title, text=finding.text(), level=trackio.AlertLevel.WARN)
+
     def close(self) -> None:
         if self.run is None:
             return

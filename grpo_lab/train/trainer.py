@@ -30,6 +30,7 @@ from ..core.prompts import render_prompt
 from ..core.reward_set import RewardSet
 from ..core.tasks import Problem
 from .distributed import Processes
+from .doctor import chat_template_finding, make_doctor
 from .dynamic_sampling import sample_with_signal
 from .metrics import MetricsLogger, format_step
 from .policy_model import prepare_policy, resolve_model_path
@@ -116,7 +117,9 @@ class GRPOTrainer(PolicyUpdate):
             config.save(out / "config.json")
         # Each record goes to metrics.jsonl and to `report_to`'s trackio/TensorBoard (main only).
         self.logger = MetricsLogger(out / "metrics.jsonl" if out else None,
-                                    make_reporters(config) if self.processes.is_main else ())
+                                    make_reporters(config) if self.processes.is_main else (),
+                                    doctor=make_doctor(config) if self.processes.is_main else None,
+                                    write=tqdm.write)
         self.completion_log = CompletionLog(
             config.log_completions_every, config.num_completions_to_print, out,
             prompt_text=lambda prompt: render_prompt(self.tokenizer, prompt, **self.prompt_format),
@@ -221,6 +224,7 @@ class GRPOTrainer(PolicyUpdate):
         steps = steps or self.config.steps
         cfg = self.config
         if self.step_count == 0:
+            self.check_prompt_format()
             self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
         last = self.step_count + steps
         bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress or not self.processes.is_main)
@@ -239,6 +243,8 @@ class GRPOTrainer(PolicyUpdate):
                         callback(record)
                     continue
                 shown = {"reward": f"{record['reward']:.2f}"}
+                if self.logger.findings:  # the run doctor's findings so far (printed once each)
+                    shown["doctor"] = ",".join(f.code for f in self.logger.findings)
                 if "eval/accuracy" in record:  # evaluation steps only: no `acc=nan` between
                     shown["acc"] = f"{record['eval/accuracy']:.2f}"
                 bar.set_postfix(shown)
@@ -264,6 +270,16 @@ class GRPOTrainer(PolicyUpdate):
         tqdm.write(f"warning: {clipped:.0%} of step {record['step']}'s completions reached "
                    f"max_new_tokens={self.max_new_tokens} and were cut; if they are reasoning, "
                    "raise max_new_tokens", file=sys.stderr)
+
+    def check_prompt_format(self) -> None:
+        """The run doctor's look at a prompt as the model reads it: a chat model's prompts must
+        go through its chat template."""
+        if self.logger.doctor is None:
+            return
+        text = render_prompt(self.tokenizer, self.task.eval_set()[0].prompt, **self.prompt_format)
+        finding = chat_template_finding(self.tokenizer, text)
+        if finding is not None:
+            self.logger.report_finding(finding)
 
     def start_steps(self) -> None:
         """Called by `train()` after the initial evaluation, before the first step (no-op here)."""

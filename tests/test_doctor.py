@@ -1,0 +1,204 @@
+"""The run doctor (grpo_lab.train.doctor): short runs broken on purpose each raise their finding,
+healthy runs raise none; `grpo-lab doctor RUN_DIR` and the TRL callback say the same."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from grpo_lab.cli.doctor import diagnose_run
+from grpo_lab.cli.main import main as cli
+from grpo_lab.core.config import GRPOConfig
+from grpo_lab.observe.doctor_pipeline import pipeline_doctor
+from grpo_lab.train.doctor import Doctor, chat_template_finding
+from grpo_lab.train.trainer import GRPOTrainer
+
+
+def _run(tmp_path=None, **settings):
+    config = GRPOConfig(eval_every=0, log_every=1000, progress=False, eval_size=16,
+                        output_dir=str(tmp_path) if tmp_path else None, **settings)
+    trainer = GRPOTrainer(config)
+    trainer.train()
+    return trainer, [f.code for f in trainer.logger.findings]
+
+
+# -- runs broken on purpose: each raises its finding, once ------------------------------------
+
+def test_a_length_cap_of_one_token_is_named_once_with_its_evidence(tmp_path, tiny_model_dir,
+                                                                   capsys):
+    trainer, codes = _run(tmp_path, steps=12, max_new_tokens=1)
+    assert "completions_cut" in codes and codes.count("completions_cut") == 1
+    finding = next(f for f in trainer.logger.findings if f.code == "completions_cut")
+    assert finding.evidence["metric"] == "completions/clipped_ratio"
+    assert finding.evidence["value"] == 1.0 and finding.step == 10
+    assert capsys.readouterr().out.count("completions are cut at the length cap") == 1
+    written = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
+    assert [f["code"] for f in written] == codes
+
+
+def test_a_near_greedy_temperature_leaves_no_learning_signal(tiny_model_dir):
+    _, codes = _run(steps=12, temperature=1e-3)  # every group's G completions are the same
+    assert "no_learning_signal" in codes and "completions_cut" not in codes
+
+
+def test_a_vanishing_learning_rate_leaves_the_reward_flat(tiny_model_dir):
+    _, codes = _run(steps=85, learning_rate=1e-12)
+    assert codes == ["reward_flat"]
+
+
+def test_a_learning_rate_too_high_is_named(tiny_model_dir):
+    # full fine-tuning at 1e-2: entropy explodes within steps (and every completion is cut)
+    _, codes = _run(steps=12, use_lora=False, learning_rate=1e-2)
+    assert "entropy_exploded" in codes, codes
+    # two updates per batch at 1e-3: the second one clips a third of the tokens
+    _, codes = _run(steps=3, use_lora=False, learning_rate=1e-3, num_iterations=2)
+    assert "learning_rate_too_high" in codes, codes
+
+
+def test_a_chat_model_fed_plain_text_is_named_before_the_first_step(chat_model_dir):
+    data = chat_model_dir / "data"
+    settings = dict(model=str(chat_model_dir), dataset=str(data / "train.jsonl"),
+                    eval_split=str(data / "test.jsonl"), steps=1, eval_size=4)
+    config = GRPOConfig(chat_template=False, **settings)
+    trainer = GRPOTrainer(config)
+    trainer.check_prompt_format()
+    assert [f.code for f in trainer.logger.findings] == ["chat_template_skipped"]
+    templated = GRPOTrainer(GRPOConfig(**settings))
+    templated.check_prompt_format()
+    assert templated.logger.findings == []
+
+
+# -- healthy runs raise nothing ------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_healthy_run_raises_no_finding(tiny_model_dir, seed):
+    _, codes = _run(steps=100, seed=seed)  # the demo's LoRA settings, 100 steps
+    assert codes == []
+
+
+# -- the asynchronous findings, from their records ---------------------------------------------
+
+def _async_records(kls, staleness=0.5, dropped_every_step=False):
+    return [{"step": i + 1, "version": i + 1, "kl": kl, "reward": 0.3, "grad_norm": 1.0,
+             "sample/staleness_mean": staleness,
+             "sample/dropped_stale_total": (i + 1) * 2 if dropped_every_step else 0}
+            for i, kl in enumerate(kls)]
+
+
+def test_samples_that_drift_from_a_publishing_trainer_are_not_from_its_policy():
+    drifting = _async_records([1e-4 * (1.3 ** i) for i in range(30)])
+    codes = [f.code for f in Doctor(max_staleness=1).read(drifting)]
+    assert "not_from_policy" in codes and "sampler_mismatch" in codes
+    steady = _async_records([1e-4] * 30)
+    assert Doctor(max_staleness=1).read(steady) == []
+
+
+def test_a_correction_raises_the_bound_on_the_sampler_mismatch():
+    records = _async_records([3e-3] * 12)
+    assert [f.code for f in Doctor(max_staleness=1).read(records)] == ["sampler_mismatch"]
+    assert Doctor(correction="tis", max_staleness=1).read(records) == []
+
+
+def test_staleness_pinned_at_its_bound_or_drops_every_step():
+    pinned = Doctor(max_staleness=2).read(_async_records([1e-4] * 12, staleness=2.0))
+    assert [f.code for f in pinned] == ["staleness_pinned"]
+    dropping = Doctor(max_staleness=2).read(_async_records([1e-4] * 12, dropped_every_step=True))
+    assert [f.code for f in dropping] == ["staleness_pinned"]
+    on_policy = Doctor(max_staleness=0).read(_async_records([1e-4] * 12, staleness=0.0))
+    assert on_policy == []
+
+
+def test_the_pipeline_doctor_names_a_slow_trainer():
+    full_queue = [{"step": i, "sample/rollout_queue_size": 8, "sample/rollout_queue_maxsize": 8,
+                   "perf/step_s": 1.0, "perf/rollout_wait_s": 0.0,
+                   "rollout/backpressure_total_s": 0.6} for i in range(1, 25)]
+    codes = [f.code for f in pipeline_doctor().read(full_queue)]
+    assert codes == ["bottleneck_trainer"]
+    assert [f.code for f in Doctor().read(full_queue)] == []  # the trainers' own doctor: no
+    # pipeline reading without the queue's numbers in context
+
+
+def test_the_chat_template_check_reads_the_template(chat_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    plain = "Tom has 3 apples."
+    assert chat_template_finding(tokenizer, plain).code == "chat_template_skipped"
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": plain}],
+                                              tokenize=False, add_generation_prompt=True)
+    assert chat_template_finding(tokenizer, templated) is None
+
+
+# -- grpo-lab doctor RUN_DIR -------------------------------------------------------------------
+
+class _Replica(BaseHTTPRequestHandler):
+    served = ["tiny"]
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = json.dumps({"data": [{"id": name} for name in self.served]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_grpo_lab_doctor_reads_a_run_folder_and_asks_the_replicas(tmp_path, tiny_model_dir,
+                                                                  capsys):
+    _run(tmp_path, steps=12)
+    assert cli(["doctor", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith("no findings")
+    # the trainer published policy-v3, but the replica serves the base model only
+    (tmp_path / "syncs.jsonl").write_text(json.dumps({"version": 3, "sync_s": 0.1}) + "\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        findings = diagnose_run(tmp_path, server_url=url)
+        assert [f.code for f in findings] == ["adapter_not_loaded"]
+        assert findings[0].evidence == {"replica": url, "expected": "policy-v3", "served": "tiny"}
+        assert cli(["doctor", str(tmp_path), "--server-url", url]) == 1
+        assert "a replica does not serve the trainer's adapter" in capsys.readouterr().out
+        _Replica.served = ["tiny", "policy-v3"]
+        assert diagnose_run(tmp_path, server_url=url) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_grpo_lab_doctor_refuses_a_folder_without_metrics(tmp_path, capsys):
+    assert cli(["doctor", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+# -- TRL's GRPOTrainer, with the doctor as a callback ------------------------------------------
+
+def test_the_callback_names_a_broken_trl_run(tmp_path, tiny_model_dir):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig as TrlConfig
+    from trl import GRPOTrainer as TrlTrainer
+
+    from grpo_lab.train.doctor_callback import DoctorCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompts = Dataset.from_dict({"prompt": [f"{a:02d}+{b:02d}=" for a in range(10, 22)
+                                            for b in range(10, 12)]})
+    args = TrlConfig(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                     num_generations=4, max_completion_length=1, max_steps=12, logging_steps=1,
+                     learning_rate=1e-5, report_to=[], use_cpu=True, disable_tqdm=True,
+                     save_strategy="no", seed=0)
+    callback = DoctorCallback()
+    trainer = TrlTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                         args=args, train_dataset=prompts, processing_class=tokenizer,
+                         callbacks=[callback])
+    trainer.train()
+    codes = [f.code for f in callback.findings]
+    assert "completions_cut" in codes and "no_learning_signal" in codes, codes
