@@ -64,6 +64,9 @@ _EXPORTS = {
     "grpo_lab.train.trainer": ("GRPOTrainer",),
     "grpo_lab.rollout.config": ("AsyncGRPOConfig",),
     "grpo_lab.rollout.async_trainer": ("AsyncGRPOTrainer",),
+    # The run doctor: silent failures named from the metrics (also as a TRL callback)
+    "grpo_lab.train.doctor": ("Doctor", "Finding"),
+    "grpo_lab.train.doctor_callback": ("DoctorCallback",),
     # Models, tasks, datasets, rewards
     "grpo_lab.core.models": ("load_model_and_tokenizer",),
     "grpo_lab.core.tiny_model": ("tiny_model_path",),

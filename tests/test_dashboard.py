@@ -81,7 +81,7 @@ def test_update_headless_prints_a_throttled_status_line():
     lines = [line for line in out.getvalue().splitlines() if line.startswith("step ")]
     assert len(lines) == 2 and lines[0].startswith("step 1 |")
     assert [f.code for f in dash.findings] == ["bottleneck_trainer"]
-    assert out.getvalue().count("[doctor]") == 1
+    assert out.getvalue().count("[doctor, note]") == 1
     last = lines[-1]
     for part in ("step 30", "reward 0.400", "ratio 1.0000", "staleness 1.5/3", "queue 8/8",
                  "wait 0.00s", "backpressure 1.50s", "trainer too slow",

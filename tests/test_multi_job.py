@@ -44,6 +44,13 @@ def test_demo_jobs_local_gains_at_least_10_points(tmp_path):
                  train / "adapter" / "adapter_model.safetensors", run_dir / "logs" / "proxy.log"):
         assert path.exists(), path
     assert (train / "adapters" / f"policy-v{steps}" / "adapter_model.safetensors").exists()
+    # the healthy main job: the trainer's run doctor names nothing (no false alarm), and then
+    # `grpo-lab doctor` on its trainer's folder says so too
+    assert summary["findings"] == [], summary["findings"]
+    assert "no findings" in proc.stdout, proc.stdout[-2000:]
+    doctor = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "doctor", str(train)],
+                            capture_output=True, text=True, timeout=120)
+    assert doctor.returncode == 0 and doctor.stdout.strip().endswith("no findings"), doctor.stdout
 
 
 def test_a_folder_that_holds_a_demo_run_is_refused_and_kept(tmp_path):

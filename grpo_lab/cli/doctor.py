@@ -87,11 +87,12 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
 
 def run(args) -> int:
     findings = diagnose_run(args.run_dir, args.server_url, args.adapter_prefix, args.api_key)
+    problems = [f for f in findings if f.kind == "problem"]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))
-    elif not findings:
+        return 1 if problems else 0
+    for finding in sorted(findings, key=lambda f: f.kind == "problem"):  # notes first
+        print(finding.text())
+    if not problems:
         print(f"{args.run_dir}: no findings")
-    else:
-        for finding in findings:
-            print(finding.text())
-    return 1 if findings else 0
+    return 1 if problems else 0

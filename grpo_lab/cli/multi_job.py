@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import time
 from dataclasses import fields
@@ -251,3 +252,37 @@ def demo_verdicts(s: dict, min_gain: float) -> list[str]:
         f"start-up <= {DEMO_TARGETS['startup_s']:.0f} s: {s['startup_s']:.0f} s "
         f"({mark(s['startup_s'] <= DEMO_TARGETS['startup_s'])})",
     ]
+
+
+class KillAt:
+    """An `on_step` callback for `run_multi_job_demo`: SIGKILL job
+    `name`'s process group, as a reclaimed machine goes, once the trainer has logged `step`.
+    `killed_at`: the step it was killed after (None while it lives)."""
+
+    def __init__(self, name: str, step: int):
+        self.name, self.step, self.killed_at = name, step, None
+
+    def __call__(self, launcher, record: dict) -> None:
+        if self.killed_at is None and record.get("step", 0) >= self.step:
+            os.killpg(launcher.procs[self.name].pid, signal.SIGKILL)
+            self.killed_at = record["step"]
+
+
+def run_with_replica_killed(kill_at_step: int, *, steps: int, output_dir: str | Path,
+                            max_staleness: int = 1, eval_size: int = 32) -> dict:
+    """A short `grpo-lab demo --jobs local` run (two replicas, the proxy, a trainer) in which
+    replica-0 gets a SIGKILL once the trainer has logged `kill_at_step` (notebook 07's exercise).
+    Returns the run's status of every job, its steps, the router's and the proxy's counters, the
+    step of the kill and the survivor's (replica-1's) share of the routed requests."""
+    import matplotlib.pyplot as plt
+
+    config = AsyncGRPOConfig(steps=steps, eval_size=eval_size, eval_every=0, progress=False,
+                             max_staleness=max_staleness, output_dir=str(output_dir))
+    kill, figures = KillAt("replica-0", kill_at_step), set(plt.get_fignums())
+    summary = run_multi_job_demo(config, on_step=kill, min_gain=0.0)
+    for number in set(plt.get_fignums()) - figures:  # its plots went to files, not here
+        plt.close(number)
+    routed = summary["router"]["routed"]
+    return {"status": summary["status"], "steps": summary["steps"], "router": summary["router"],
+            "proxy": {k: summary["proxy"][k] for k in ("marked_down", "rerouted")},
+            "killed_at": kill.killed_at, "survivor_share": routed[1] / sum(routed)}

@@ -1,5 +1,7 @@
 """The run doctor's pipeline finding: which side of the rollout buffer holds the run back.
 
+A note, not a problem: some side always sets the pace (on 2 CPU cores, the trainer does).
+
 `bottleneck` is a check of grpo_lab.train.doctor's kind, made of `diagnose` (this stage's
 reading of the queue, the waits and the backpressure); `pipeline_doctor()` is a Doctor with it.
 """
@@ -26,7 +28,8 @@ def bottleneck(d: Doctor) -> Finding | None:
         f"bottleneck_{diagnosis.bottleneck}", f"the {diagnosis.bottleneck} holds the run back",
         {"metric": "sample/rollout_queue_size", "window": 2 * d.window, **numbers},
         diagnosis.verdict, KNOBS[diagnosis.bottleneck],
-        "a balanced pipeline: the queue neither full nor empty, little waiting on either side")
+        "a balanced pipeline: the queue neither full nor empty, little waiting on either side",
+        kind="note")
 
 
 def pipeline_doctor(**kwargs) -> Doctor:

@@ -35,7 +35,10 @@ installed but cannot start its engine there."""
 
 
 def vllm_missing_reason() -> str | None:
-    """None where real vLLM can run here, else one line that says why not."""
+    """None where real vLLM can run here, else one line that says why not. `GRPO_LAB_VLLM=off`
+    runs the course as where vLLM is not installed (mybinder.org; its memory benchmark)."""
+    if os.environ.get("GRPO_LAB_VLLM", "").lower() == "off":
+        return "real vLLM turned off (GRPO_LAB_VLLM=off); the course runs on `grpo-lab serve`"
     if importlib.util.find_spec("vllm") is None:
         if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
             return (f"real vLLM: no CPU build of vLLM on PyPI for {sys.platform}/"

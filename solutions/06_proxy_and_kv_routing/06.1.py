@@ -1,6 +1,6 @@
 # EXERCISE 06.1
 def predicted_prefill_tokens(routing):
-    """Prompt tokens the two replicas compute in one run of section 5 with `routing`."""
+    # Prompt tokens the two replicas compute in one run of section 5 with `routing`
     block = 16
     own = (prompt_len - 1) // block * block - template_tokens  # the problem's full blocks: 16
     tail = prompt_len - template_tokens - own  # after the last full block: computed every time

@@ -1,0 +1,172 @@
+"""Two runs side by side: grpo_lab's `GRPOTrainer` and TRL's on the same run (notebook 03),
+short runs that change one thing (notebook 02), greedy answers before and after training (09).
+
+`trl_trainer(args, lora, dataset, config)` builds TRL's trainer on grpo_lab's model with a
+progress bar that prints grpo_lab's one-line step summary; `first_and_last` and `no_signal` read
+both trainers' records; `config_rows` pairs the two configs' values and `print_rows` prints them;
+`print_names` prints the metric-name glossary with what each run logged. `short_run` and
+`run_summary`: a short run's no-signal share, accuracy and gain. `print_answers` shows greedy
+completions with their rewards; `describe_model` a trainer's model in one line.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from statistics import fmean
+
+
+def step_lines(total: int, every: int):
+    """A TRL callback: a progress bar, and every `every` steps grpo_lab's step summary line."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    from grpo_lab.train.trainer import format_step
+
+    class StepLines(TrainerCallback):
+        def __init__(self):
+            self.bar = tqdm(total=total, desc="TRL GRPO")
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                self.bar.update(1)
+                if state.global_step % every == 0:
+                    self.bar.write(format_step({**logs, "step": state.global_step,
+                                                "perf/step_s": logs["step_time"]}, total))
+
+    return StepLines()
+
+
+def trl_trainer(args, lora, train_dataset, config, reward_funcs=None, every: int = 40):
+    """TRL's `GRPOTrainer` on grpo_lab's model for `config` (its tokenizer too), grpo_lab's exact
+    match reward by default, TRL's per-log dict printer replaced by `step_lines`."""
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer as TRLTrainer
+
+    from grpo_lab.core.models import load_model_and_tokenizer
+    from grpo_lab.core.rewards import exact_match_reward
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    model, tokenizer = load_model_and_tokenizer(GRPOTrainer.resolve_model_path(config))
+    trainer = TRLTrainer(model=model, reward_funcs=reward_funcs or exact_match_reward, args=args,
+                         train_dataset=train_dataset, processing_class=tokenizer,
+                         peft_config=lora)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(step_lines(args.max_steps, every))
+    return trainer
+
+
+def first_and_last(records: list[dict], n: int = 20) -> tuple[float, float]:
+    """The mean reward of the first and of the last n steps."""
+    rewards = [r["reward"] for r in records if "reward" in r]
+    return fmean(rewards[:n]), fmean(rewards[-n:])
+
+
+def no_signal(records: list[dict], steps: int) -> float:
+    """The share of groups whose G rewards were all equal, over steps 1..steps."""
+    return fmean(r["frac_reward_zero_std"] for r in records if 0 < r["step"] <= steps)
+
+
+SAME_NAME = ("num_generations", "temperature", "loss_type", "epsilon_high", "beta",
+             "num_iterations", "learning_rate", "max_grad_norm", "seed")
+
+
+def config_rows(config, ours, args, lora) -> list[tuple]:
+    """(grpo_lab name, its value, TRL name, TRL's value) for every field that carries a value:
+    `config` and `ours` (grpo_lab's GRPOConfig and trainer), `args` and `lora` (TRL's
+    GRPOConfig and peft's LoraConfig)."""
+    adamw = ours.optimizer.defaults
+    return [(name, getattr(config, name), name, getattr(args, name)) for name in SAME_NAME] + [
+        ("steps", config.steps, "max_steps", args.max_steps),
+        ("prompts_per_step * num_generations", config.prompts_per_step * config.num_generations,
+         "per_device_train_batch_size", args.per_device_train_batch_size),
+        ("max_new_tokens (None = answer + 2)", ours.max_new_tokens,
+         "max_completion_length", args.max_completion_length),
+        ("scale_rewards (True / False)", {True: "group", False: "none"}[config.scale_rewards],
+         "scale_rewards ('group' / 'none')", args.scale_rewards),
+        ("epsilon_low", config.epsilon_low, "epsilon", args.epsilon),
+        ("(constant learning rate)", "constant", "lr_scheduler_type",
+         getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        ("(AdamW weight decay)", adamw["weight_decay"], "weight_decay", args.weight_decay),
+        ("(AdamW beta2)", adamw["betas"][1], "adam_beta2", args.adam_beta2),
+        ("lora_rank", config.lora_rank, "peft_config.r", lora.r),
+        ("effective_lora_alpha", config.effective_lora_alpha, "peft_config.lora_alpha",
+         lora.lora_alpha),
+    ]
+
+
+def print_rows(rows: list[tuple]) -> list[tuple]:
+    """Prints the rows of `config_rows`, each with whether the two values are equal; returns the
+    rows whose values differ."""
+    for ours_name, ours_value, trl_name, trl_value in rows:
+        print(f"{ours_name:36s} {ours_value!s:>9s}   {trl_name:32s} {trl_value!s:>9s}  "
+              f"{ours_value == trl_value}")
+    return [r for r in rows if r[1] != r[3]]
+
+
+def logged(name: str | None, records: list[dict]) -> bool:
+    """Whether any record has the metric `name` (`<name>` in it matches any reward's name)."""
+    return name is not None and any(fnmatch(k, name.replace("<name>", "*"))
+                                    for r in records for k in r)
+
+
+def print_names(names, our_records=None, trl_records=None,
+                not_expected=("kl", "sampling/", "rewards/")) -> list[tuple] | None:
+    """Prints a glossary (`grpo_lab.train.glossary` rows), with whether each run logged each
+    name when records are given; then returns the (grpo_lab, TRL) pairs one run did not log,
+    those starting with `not_expected` left out (None without records)."""
+    width = 36 if our_records is not None else 32
+    for row in names:
+        seen = "" if our_records is None else (
+            f"logged: {logged(row.ours, our_records)!s:5s} / {logged(row.trl, trl_records)!s:5s}")
+        print(f"{row.ours or '-':{width}s} {row.trl or '-':{width}s} same: {row.same!s:5s} "
+              f"{seen} {row.note}")
+    if our_records is None:
+        return None
+    return [(r.ours, r.trl) for r in names if r.ours and r.trl
+            and not r.ours.startswith(tuple(not_expected))
+            and not (logged(r.ours, our_records) and logged(r.trl, trl_records))]
+
+
+def print_answers(trainer, rewards, problems, title: str) -> list[str]:
+    """Greedy answers of `trainer`'s model to `problems`, each printed with its reward (a
+    `RewardSet`) and the reference's final answer; returns the answers."""
+    from grpo_lab.core.generation import generate_completions
+
+    trainer.model.eval()
+    out = generate_completions(trainer.model, trainer.tokenizer, [p.prompt for p in problems],
+                               max_new_tokens=trainer.max_new_tokens, do_sample=False,
+                               **trainer.prompt_format)
+    scores, _ = rewards.score(out.texts, [p.answer for p in problems])
+    print(f"== {title}")
+    for p, text, s in zip(problems, out.texts, scores):
+        print(f"Q: {p.prompt}\nA: {text!r}  (reward {s:.1f}; reference "
+              f"{p.answer.split('####')[-1].strip()})")
+    return out.texts
+
+
+def describe_model(trainer) -> str:
+    """The trainer's model in one line: its class, parameter count, device and dtype."""
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return (f"the model: {type(base).__name__}, {sum(p.numel() for p in model.parameters()):,} "
+            f"parameters; device {trainer.device}, dtype {next(model.parameters()).dtype}")
+
+
+def run_summary(records: list[dict], history: list[tuple], at: int) -> dict:
+    """A short run in three numbers: the no-signal share over steps 1..at, the greedy accuracy at
+    step `at` (from `history`, the trainer's (step, accuracy) list) and its gain."""
+    accuracy = dict(history)[at]
+    return dict(no_signal=no_signal(records, at), accuracy=accuracy, gain=accuracy - history[0][1])
+
+
+def short_run(config, steps: int, rewards=None, **changes) -> dict:
+    """`config`'s run trained for `steps` steps with `changes` to it (and `rewards`, a
+    `RewardSet`, in place of its reward when given): its `run_summary` at the last step."""
+    from dataclasses import replace
+
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(replace(config, steps=steps, eval_every=0, log_every=steps,
+                                  output_dir=None, **changes))
+    trainer.rewards = trainer.rewards if rewards is None else rewards
+    return run_summary(trainer.train(), trainer.accuracy_history, steps)
