@@ -345,13 +345,15 @@ NOTEBOOK_GOALS = {
                 and sum(r["prompt_tokens"]) / r["requests"] < r["block_size"]),
         "kl (k3, sampler vs trainer): stale steps > 1e-5, every step < 1e-2":
             lambda r: r["stale_steps"] > 0 and r["kl_stale_mean"] > 1e-5 and r["kl_max"] < 1e-2,
-        "07.2: a replica killed mid-run is taken out; the survivor serves the rest; all steps train":
+        "07.2: a replica killed mid-run is taken out; the survivor serves the rest; "
+        "all steps train":
             lambda r: r["kill_run"] is None or (
                 r["kill_run"]["status"]["trainer"] == "exited (0)"
                 and r["kill_run"]["status"]["replica-0"] == "killed (signal 9)"
                 and r["kill_run"]["steps"] == r["exercise_steps"]
                 and r["kill_run"]["proxy"]["marked_down"] == 1
-                and r["kill_run"]["router"]["routed"][1] > r["kill_run"]["router"]["routed"][0] > 0),
+                and r["kill_run"]["router"]["routed"][1]
+                > r["kill_run"]["router"]["routed"][0] > 0),
     },
     "08_reading_the_pipeline": {
         "bottlenecks as expected": lambda r: [r["bottleneck"][name] for name in (

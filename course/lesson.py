@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpo_lab.core.notebook_results import record_results
 
@@ -111,7 +112,8 @@ def show_goals(notebook: str, results: dict) -> None:
     except ImportError:
         in_notebook = False
     if in_notebook:
-        body = "".join(f"<tr><td style='text-align:left'>{goal}</td><td>{'&#10003;' if ok else '&#10007; missed'}</td></tr>"
+        marks = {True: "&#10003;", False: "&#10007; missed"}
+        body = "".join(f"<tr><td style='text-align:left'>{goal}</td><td>{marks[ok]}</td></tr>"
                        for goal, ok in rows)
         display(HTML(f"<table><thead><tr><th style='text-align:left'>What this notebook set out "
                      f"to show</th><th>met</th></tr></thead><tbody>{body}</tbody></table>"

@@ -226,9 +226,11 @@ def test_the_callback_names_a_broken_trl_run(tmp_path, tiny_model_dir):
                      learning_rate=1e-5, report_to=[], use_cpu=True, disable_tqdm=True,
                      save_strategy="no", seed=0)
     callback = DoctorCallback()
-    trainer = TrlTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                         args=args, train_dataset=prompts, processing_class=tokenizer,
-                         callbacks=[callback])
+    def no_reward(completions, **kwargs):  # every group's rewards equal: no signal, on purpose
+        return [0.0] * len(completions)
+
+    trainer = TrlTrainer(model=model, reward_funcs=no_reward, args=args, train_dataset=prompts,
+                         processing_class=tokenizer, callbacks=[callback])
     trainer.train()
     codes = [f.code for f in callback.findings]
     assert "completions_cut" in codes and "no_learning_signal" in codes, codes

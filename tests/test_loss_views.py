@@ -49,3 +49,11 @@ def test_kl_drift_report_prints_each_run_and_draws_logged_kl_only_with_beta(caps
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert "beta = 1: logged `kl`" in labels and "beta = 0: logged `kl`" not in labels
     plt.close(fig)
+
+
+def test_kl_gradient_table_prints_the_losses_and_a_row_per_loss(capsys):
+    loss = torch.tensor(0.5, requires_grad=True) * 1.0  # as the notebook's losses: with a graph
+    views.print_kl_gradient_table({"k3": loss}, torch.tensor(0.25), {"k3 (default)": (1e-17, 0.3)})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "expected loss: k3 0.500000, exact KL(pi_theta || pi_ref) 0.250000"
+    assert out[-1].split() == ["k3", "(default)", "1.0e-17", "3.0e-01"]

@@ -64,11 +64,13 @@ def main() -> int:
                 time.sleep(0.5)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium)
-            page = browser.new_page(viewport={"width": 1280, "height": args.height})
             for notebook in sorted(root.glob("[0-9]*.ipynb")):
                 if "with-solutions" in notebook.name:
                     continue
-                page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
+                # a fresh page and workspace each: only this notebook open, in view
+                page = browser.new_page(viewport={"width": 1280, "height": args.height})
+                page.goto(f"{base}/lab/workspaces/{notebook.stem}/tree/{notebook.name}"
+                          f"?reset&token={token}")
                 page.wait_for_selector(".jp-Notebook", timeout=120_000)
                 page.wait_for_timeout(4000)  # images and math render
                 # Simple mode: one notebook, no side panels, as a learner reads it
@@ -76,6 +78,7 @@ def main() -> int:
                 page.screenshot(path=str(shot))
                 images = page.locator(".jp-Notebook img").count()
                 print(f"{notebook.name}: {images} images in the page; {shot}", flush=True)
+                page.close()
             browser.close()
     finally:
         stop_groups([lab], grace_s=10)

@@ -2,9 +2,10 @@
 
 It reads the trainer's `metrics.jsonl` (and `config.json`, for max_staleness and the sampler
 correction; `syncs.jsonl`, for the last adapter version published) and runs the run doctor
-(grpo_lab.train.doctor, with the pipeline's bottleneck) over it. With `--server-url` (a replica, or the proxy in front of
-several) it also asks each replica's `/v1/models` whether it serves the last published adapter:
-a replica that never loaded it answers under the base model's name only.
+(grpo_lab.train.doctor, with the pipeline's bottleneck) over it. With `--server-url` (a replica,
+or the proxy in front of several) it also asks each replica's `/v1/models` whether it serves
+the last published adapter: a replica that never loaded it answers under the base model's name
+only.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def add_parser(sub) -> None:
 def replica_adapter_findings(server_url: str, adapter: str, api_key: str | None = None):
     """Findings for each replica (behind the proxy at `server_url`, or `server_url` itself) whose
     /v1/models does not list `adapter`."""
-    from ..train.doctor import Finding
     from ..rollout.replica_check import fetch_json, proxy_replicas
+    from ..train.doctor import Finding
 
     def fetch(url):
         return fetch_json(url, api_key=api_key, timeout_s=5.0)

@@ -97,7 +97,8 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     trainer = BucketAsyncGRPOTrainer(
         model=model_path, reward_funcs=reward_funcs(config), args=args,
         train_dataset=dataset, processing_class=tokenizer,
-        peft_config=trl_async.lora_config(config), callbacks=[log] + ([doctor] if doctor else []), bucket=bucket,
+        peft_config=trl_async.lora_config(config), bucket=bucket,
+        callbacks=[log] + ([doctor] if doctor else []),
         cpu_attention=not device.startswith("cuda"), published=published)
     from transformers.trainer_callback import PrinterCallback
 

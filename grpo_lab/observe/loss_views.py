@@ -64,8 +64,8 @@ def plot_clip_panels(ratios, panels: dict, band: tuple[float, float]):
 def print_kl_gradient_table(losses: dict, kl_theta_ref: float, diffs: dict) -> None:
     """The expected losses beside the exact KL, then max |autograd - analytic| for each loss
     (`diffs`: name -> (vs d KL(pi_ref || pi_theta), vs d KL(pi_theta || pi_ref)))."""
-    print("expected loss: " + ", ".join(f"{k} {float(v):.6f}" for k, v in losses.items())
-          + f", exact KL(pi_theta || pi_ref) {float(kl_theta_ref):.6f}")
+    print("expected loss: " + ", ".join(f"{k} {v:.6f}" for k, v in losses.items())
+          + f", exact KL(pi_theta || pi_ref) {kl_theta_ref:.6f}")
     print("max |autograd - analytic| over the logits:")
     print(f"{'':>26} {'d KL(pi_ref || pi_theta)':>26} {'d KL(pi_theta || pi_ref)':>26}")
     for name, (ref_theta, theta_ref) in diffs.items():

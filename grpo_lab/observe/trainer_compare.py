@@ -127,9 +127,9 @@ def print_names(names, our_records=None, trl_records=None,
             and not (logged(r.ours, our_records) and logged(r.trl, trl_records))]
 
 
-def print_answers(trainer, rewards, problems, title: str) -> list[str]:
+def print_answers(trainer, rewards, problems, title: str) -> None:
     """Greedy answers of `trainer`'s model to `problems`, each printed with its reward (a
-    `RewardSet`) and the reference's final answer; returns the answers."""
+    `RewardSet`) and the reference's final answer."""
     from grpo_lab.core.generation import generate_completions
 
     trainer.model.eval()
@@ -141,7 +141,6 @@ def print_answers(trainer, rewards, problems, title: str) -> list[str]:
     for p, text, s in zip(problems, out.texts, scores):
         print(f"Q: {p.prompt}\nA: {text!r}  (reward {s:.1f}; reference "
               f"{p.answer.split('####')[-1].strip()})")
-    return out.texts
 
 
 def describe_model(trainer) -> str:
