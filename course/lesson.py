@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -94,10 +95,19 @@ def check_prediction(exercise_id: str, prediction: Any, run: Callable[[], Any], 
     return True, result
 
 
-def goals_table(notebook: str, results: dict) -> list[tuple[str, bool]]:
-    """`[(goal, met)]` for a notebook's goals in `course/goals.py`, in their order."""
+def exercise_of(goal: str) -> str | None:
+    """The exercise id a goal belongs to ("08.2: ..." -> "08.2"), or None for a lesson's goal."""
+    match = re.match(r"(\d\db?\.\d+)[: ]", goal)
+    return match.group(1) if match else None
+
+
+def goals_table(notebook: str, results: dict) -> list[tuple[str, bool | None]]:
+    """`[(goal, met)]` for a notebook's goals in `course/goals.py`, in their order; `met` is None
+    for the goal of an exercise the learner has not attempted (its run never happened)."""
     missed = set(missed_goals(notebook, results))
-    return [(goal, goal not in missed) for goal in NOTEBOOK_GOALS[notebook]]
+    attempted = {k for k, ok in (results.get("exercises") or {}).items() if ok is not None}
+    return [(goal, None if exercise_of(goal) and exercise_of(goal) not in attempted
+             else goal not in missed) for goal in NOTEBOOK_GOALS[notebook]]
 
 
 def show_goals(notebook: str, results: dict) -> None:
@@ -112,7 +122,7 @@ def show_goals(notebook: str, results: dict) -> None:
     except ImportError:
         in_notebook = False
     if in_notebook:
-        marks = {True: "&#10003;", False: "&#10007; missed"}
+        marks = {True: "&#10003;", False: "&#10007; missed", None: "not attempted yet"}
         body = "".join(f"<tr><td style='text-align:left'>{goal}</td><td>{marks[ok]}</td></tr>"
                        for goal, ok in rows)
         display(HTML(f"<table><thead><tr><th style='text-align:left'>What this notebook set out "
@@ -120,18 +130,19 @@ def show_goals(notebook: str, results: dict) -> None:
                      f"<p>{exercises}</p>"))
     else:
         for goal, ok in rows:
-            print(f"{'met   ' if ok else 'MISSED'}  {goal}")
+            print(f"{ {True: 'met   ', False: 'MISSED', None: 'to do '}[ok]}  {goal}")
         print(exercises)
 
 
 def finish(notebook: str, results_path: str | os.PathLike | None, **values) -> dict:
     """A notebook's last call: record `values` where its runner reads them (`results_path`), show
     its goals (`course/goals.py`) as a table, and raise an AssertionError naming every goal it
-    missed. Returns the recorded values."""
+    missed (an exercise's goal counts once the exercise is attempted). Returns the recorded
+    values."""
     if notebook not in NOTEBOOK_GOALS:
         raise KeyError(f"no goals for {notebook!r} in course/goals.py")
     results = record_results(results_path, **values)
     show_goals(notebook, results)
-    missed = missed_goals(notebook, results)
+    missed = [goal for goal, ok in goals_table(notebook, results) if ok is False]
     assert not missed, f"{notebook} missed: " + "; ".join(missed)
     return results

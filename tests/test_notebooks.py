@@ -198,3 +198,22 @@ def test_side_chapters_sort_after_their_number(tmp_path):
     assert find_notebook("01b", tmp_path).stem == "01b_side"
     with pytest.raises(FileNotFoundError, match="01b_side"):
         find_notebook("03", tmp_path)
+
+
+def test_finish_counts_an_exercise_goal_only_once_the_exercise_is_attempted(tmp_path, capsys):
+    """A learner who runs a notebook without its exercises sees their goals as "to do", and the
+    notebook still ends cleanly; once attempted, a missed exercise goal fails like any other."""
+    from course.lesson import finish, goals_table
+
+    notebook = "08_reading_the_pipeline"
+    exercise_goals = [g for g, ok in goals_table(notebook, {"exercises": {"08.2": None}})
+                      if ok is None]
+    assert exercise_goals and all(g.startswith("08.2") for g in exercise_goals)
+    with pytest.raises(AssertionError) as missed:  # the lesson's own goals still count
+        finish(notebook, tmp_path / "r.json", exercises={"08.1": None, "08.2": None})
+    assert "bottlenecks as expected" in str(missed.value)
+    assert "08.2" not in str(missed.value)
+    assert "to do " in capsys.readouterr().out
+    with pytest.raises(AssertionError) as attempted:
+        finish(notebook, tmp_path / "r.json", exercises={"08.1": None, "08.2": True})
+    assert "08.2" in str(attempted.value)
