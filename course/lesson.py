@@ -16,12 +16,17 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from grpo_lab.core.notebook_results import record_results
 
 from .goals import NOTEBOOK_GOALS, missed_goals
+
+# PEFT calls transformers' deprecated `is_gradient_checkpointing` on every adapter it builds:
+# a red box in each notebook that builds one, about neither PEFT's use nor the lesson.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 _NOT_ATTEMPTED = "Exercise {}: not attempted yet (replace the None in the cell above, run both)"
 
@@ -134,15 +139,14 @@ def show_goals(notebook: str, results: dict) -> None:
         print(exercises)
 
 
-def finish(notebook: str, results_path: str | os.PathLike | None, **values) -> dict:
+def finish(notebook: str, results_path: str | os.PathLike | None, **values) -> None:
     """A notebook's last call: record `values` where its runner reads them (`results_path`), show
     its goals (`course/goals.py`) as a table, and raise an AssertionError naming every goal it
-    missed (an exercise's goal counts once the exercise is attempted). Returns the recorded
-    values."""
+    missed (an exercise's goal counts once the exercise is attempted). Returns nothing: the
+    notebook's last cell shows the table, not the recorded values (they are in `results_path`)."""
     if notebook not in NOTEBOOK_GOALS:
         raise KeyError(f"no goals for {notebook!r} in course/goals.py")
     results = record_results(results_path, **values)
     show_goals(notebook, results)
     missed = [goal for goal, ok in goals_table(notebook, results) if ok is False]
     assert not missed, f"{notebook} missed: " + "; ".join(missed)
-    return results

@@ -217,3 +217,19 @@ def test_finish_counts_an_exercise_goal_only_once_the_exercise_is_attempted(tmp_
     with pytest.raises(AssertionError) as attempted:
         finish(notebook, tmp_path / "r.json", exercises={"08.1": None, "08.2": True})
     assert "08.2" in str(attempted.value)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_wrapped_line_turns_into_a_list(notebook):
+    """A markdown line that starts with "1. " right under a paragraph's line begins a numbered
+    list (CommonMark lets `1.` interrupt a paragraph): a sentence wrapped before "1." loses it."""
+    wrapped = []
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.splitlines()
+        for above, line in zip(lines, lines[1:]):
+            if line.startswith("1. ") and above.strip() and not re.match(r"\s*(\d+\.|[-*])\s", above) \
+                    and not above.rstrip().endswith(":") and not above.startswith("#"):
+                wrapped.append(f"{above!r} / {line!r}")
+    assert not wrapped, wrapped

@@ -52,6 +52,10 @@ class KnobRun:
     """The most completion requests that were in flight at once."""
     syncs: list[dict] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # a notebook cell ending on a run shows one line, not its records
+        return (f"KnobRun({self.name!r}, {len(self.records)} steps, {self.seconds:.1f} s, "
+                f"bottleneck {self.diagnosis.bottleneck!r})")
+
     def mean(self, key: str) -> float:
         """Mean of `key` over the diagnosed window."""
         rows = self.records[-self.diagnosis.numbers.get("steps", len(self.records)):]
@@ -138,7 +142,7 @@ def plot_runs(runs: list[KnobRun]):
     rows = [summarize(r) for r in runs]
     labels = [f"{r['run'].replace('-', chr(10), 1)}\n({r['bottleneck']})" for r in rows]
     xs = range(len(rows))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.8))
     bottom = [0.0] * len(rows)
     parts = (("fwd_bwd_s", "forward+backward"), ("rollout_wait_s", "waiting for rollouts"),
              ("weight_sync_s", "weight sync"))
@@ -147,18 +151,18 @@ def plot_runs(runs: list[KnobRun]):
         axes[0].bar(xs, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
     axes[0].plot(xs, [r["step_s"] for r in rows], "k_", markersize=30, label="step time")
-    axes[0].set_title("where a trainer step goes (s)")
-    axes[0].legend(fontsize=8)
+    axes[0].set_title("where a trainer step goes (s)", fontsize=10)
+    axes[0].legend(fontsize=8, loc="upper right", framealpha=0.9)
     axes[1].bar(xs, [r["queue"] / (r["queue_max"] or 1) for r in rows], color="tab:green")
     axes[1].set_ylim(0, 1.05)
-    axes[1].set_title("rollout queue when the trainer asks (share of max)")
+    axes[1].set_title("rollout queue when the trainer asks\n(share of its max)", fontsize=10)
     axes[2].bar(xs, [r["held_back_share"] for r in rows], color="tab:red", label="held back")
     axes[2].bar(xs, [-r["wait_share"] for r in rows], color="tab:blue", label="trainer waits")
     axes[2].axhline(0, color="black", linewidth=0.8)
-    axes[2].set_title("generation held back (+) / trainer waiting (-), share of a step")
-    axes[2].legend(fontsize=8)
+    axes[2].set_title("generation held back (+) /\ntrainer waiting (-), share of a step", fontsize=10)
+    axes[2].legend(fontsize=8, loc="lower left", framealpha=0.9)
     for ax in axes:
-        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_xticks(list(xs), labels, fontsize=8, rotation=30, ha="right")
     fig.tight_layout()
     return fig
 

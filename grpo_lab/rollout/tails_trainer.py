@@ -167,7 +167,7 @@ def plot_staleness(runs: dict[int, dict], summaries: dict[int, dict], steps: int
     next to the clip's band, and the greedy accuracy after the run. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2))
     for k, run in runs.items():
         x = [r["step"] for r in run["records"]]
         axes[0].plot(x, [max(r["kl"], 1e-10) for r in run["records"]], label=f"k = {k}")
@@ -193,7 +193,7 @@ def plot_frozen(runs: dict[str, dict], summaries: dict[str, dict], updating_accu
     after the run, next to a run whose replica updates (`updating_accuracy`)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name, run in runs.items():
         axes[0].plot([r["step"] for r in run["records"]], [r["kl"] for r in run["records"]],
                      label=name)

@@ -108,8 +108,12 @@ def plot_training(records: list[dict], title: str = "GRPO", keys=("reward", "eva
     """One panel per key against the step; rewards get a moving average. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    columns = len(keys) if len(keys) <= 2 else 2  # more than two panels: a grid, readable
+    rows = -(-len(keys) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
         xs, ys = series(records, key)
         marker = "o-" if len(xs) < 30 else "-"
         ax.plot(xs, ys, marker, alpha=0.35 if len(xs) >= 30 else 1.0, label=key)
@@ -118,7 +122,7 @@ def plot_training(records: list[dict], title: str = "GRPO", keys=("reward", "eva
         ax.set_xlabel("step")
         ax.set_title(key)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
     return fig
