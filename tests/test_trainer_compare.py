@@ -46,4 +46,4 @@ def test_print_names_counts_a_name_one_run_did_not_log(capsys):
     assert compare.logged("rewards/<name>/mean", trl) and not compare.logged(None, trl)
     assert compare.print_names(names, ours, trl) == [("grad_norm", "grad_norm")]
     assert compare.print_names(names) is None
-    assert len(capsys.readouterr().out.splitlines()) == 6
+    assert len(capsys.readouterr().out.splitlines()) == 8  # a header and 3 rows, twice

@@ -109,17 +109,37 @@ def logged(name: str | None, records: list[dict]) -> bool:
                                     for r in records for k in r)
 
 
+def _show_table(rows: list[dict], summary: str) -> None:
+    """A long table: collapsed HTML in a notebook (a learner opens it), aligned text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        import html
+
+        head = "".join(f"<th style='text-align:left'>{html.escape(k)}</th>" for k in rows[0])
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>"
+                                        for v in row.values()) + "</tr>" for row in rows)
+        display(HTML(f"<details><summary>{html.escape(summary)}</summary><table><thead><tr>"
+                     f"{head}</tr></thead><tbody>{body}</tbody></table></details>"))
+        return
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
+    for row in [dict(zip(rows[0], rows[0])), *rows]:
+        print("  ".join(f"{str(v):{widths[k]}s}" for k, v in row.items()).rstrip())
+
+
 def print_names(names, our_records=None, trl_records=None,
                 not_expected=("kl", "sampling/", "rewards/")) -> list[tuple] | None:
     """Prints a glossary (`grpo_lab.train.glossary` rows), with whether each run logged each
     name when records are given; then returns the (grpo_lab, TRL) pairs one run did not log,
     those starting with `not_expected` left out (None without records)."""
-    width = 36 if our_records is not None else 32
-    for row in names:
-        seen = "" if our_records is None else (
-            f"logged: {logged(row.ours, our_records)!s:5s} / {logged(row.trl, trl_records)!s:5s}")
-        print(f"{row.ours or '-':{width}s} {row.trl or '-':{width}s} same: {row.same!s:5s} "
-              f"{seen} {row.note}")
+    rows = [{"grpo_lab": row.ours or "-", "TRL": row.trl or "-", "same": row.same,
+             **({} if our_records is None else {"logged (grpo_lab / TRL)":
+                f"{logged(row.ours, our_records)} / {logged(row.trl, trl_records)}"}),
+             "note": row.note} for row in names]
+    _show_table(rows, f"{len(rows)} metric names, side by side (click to open)")
     if our_records is None:
         return None
     return [(r.ours, r.trl) for r in names if r.ours and r.trl
