@@ -34,11 +34,8 @@ def upstream_names(header: str, names: dict[str, str] | None = None) -> str:
 
 
 async def _post(client: InferenceClient, path: str, body: dict) -> tuple[dict, str]:
-    async with client._get_session().post(client.base_url + path, json=body) as reply:
-        text = await reply.text()
-        if not 200 <= reply.status < 300:
-            raise ServerError("POST", path, reply.status, text)
-        return json.loads(text), reply.headers.get("X-Proxy-Upstream", "")
+    _, text, headers = await client.request_with_headers("POST", path, json_body=body)
+    return json.loads(text), headers.get("X-Proxy-Upstream", "")
 
 
 def completion_served_by(client: BlockingClient, names: dict[str, str] | None = None, *,

@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -79,13 +80,22 @@ class InferenceClient:
                       headers: dict | None = None) -> tuple[int, str]:
         """One request; returns (status, body text) for 2xx, raises `ServerError` otherwise.
         `data` sends raw bytes instead of `json_body` (e.g. to test a server's error handling)."""
+        status, text, _ = await self.request_with_headers(
+            method, path, json_body=json_body, params=params, data=data, headers=headers)
+        return status, text
+
+    async def request_with_headers(self, method: str, path: str, *, json_body: Any = None,
+                                   params: dict | None = None, data: bytes | None = None,
+                                   headers: dict | None = None) -> tuple[int, str, Mapping[str, str]]:
+        """`request`, plus the reply's headers, case-insensitive (e.g. the proxy's
+        `X-Proxy-Upstream`: which replica served it)."""
         async with self._get_session().request(method, self.base_url + path, json=json_body,
                                                params=params, data=data,
                                                headers=headers) as reply:
             text = await reply.text()
             if not 200 <= reply.status < 300:
                 raise ServerError(method, path, reply.status, text)
-            return reply.status, text
+            return reply.status, text, reply.headers.copy()  # aiohttp's case-insensitive dict
 
     async def _json(self, method: str, path: str, **kwargs) -> Any:
         return json.loads((await self.request(method, path, **kwargs))[1])
