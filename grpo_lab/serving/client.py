@@ -86,7 +86,8 @@ class InferenceClient:
 
     async def request_with_headers(self, method: str, path: str, *, json_body: Any = None,
                                    params: dict | None = None, data: bytes | None = None,
-                                   headers: dict | None = None) -> tuple[int, str, Mapping[str, str]]:
+                                   headers: dict | None = None,
+                                   ) -> tuple[int, str, Mapping[str, str]]:
         """`request`, plus the reply's headers, case-insensitive (e.g. the proxy's
         `X-Proxy-Upstream`: which replica served it)."""
         async with self._get_session().request(method, self.base_url + path, json=json_body,
