@@ -88,7 +88,7 @@ def plot_rollout_routing(run: dict):
         bottom = [b + c for b, c in zip(bottom, counts)]
     ax.set(xlabel="rollout index within its group (0 = first)", ylabel="requests",
            title="How each rollout of a group was routed")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the bars
     fig.tight_layout()
     return fig
 
