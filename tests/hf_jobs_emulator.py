@@ -18,12 +18,17 @@ What a job gets, as on HF Jobs, except the image:
               process of the job (`sitecustomize`, an audit hook): a read-only mount takes no
               write, no new folder, no rename or delete; a read-write one takes files written
               whole (hf-mount's default mode: a new file, or one overwritten from the start), no
-              append and no in-place edit of an existing file
+              append and no in-place edit of an existing file. Two optional rules of a slower or
+              older mount: `mount_lag_s` (a file another process wrote is not found until it is
+              that many seconds old, by its mtime: a job sees its own writes at once; uploads
+              count as old) and `mount_renames=False` (os.rename under a read-write mount fails
+              with EOPNOTSUPP)
     expose    `exposed_url(job_id, port)` is `http://127.0.0.1:<port>`: jobs share this host, so
               the plan gives them distinct ports (`RecipeConfig.free_ports`)
 
-`upload` stands in for `upload_to_buckets` (files copied into the bucket's folder). Nothing
-leaves this machine. `close()` cancels every job still running.
+`upload` stands in for `upload_to_buckets` (files copied into the bucket's folder),
+`inspect_job` for huggingface_hub's (the job's stage), `read_bucket_file` for a download of one
+bucket file. Nothing leaves this machine. `close()` cancels every job still running.
 """
 
 from __future__ import annotations
@@ -35,21 +40,28 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from grpo_lab.core.processes import stop_groups
 
 MOUNTS_ENV = "HF_JOBS_EMULATOR_MOUNTS"
+LAG_ENV = "HF_JOBS_EMULATOR_MOUNT_LAG_S"
+NO_RENAME_ENV = "HF_JOBS_EMULATOR_NO_RENAME"
 
 SITECUSTOMIZE = textwrap.dedent('''
     """Bucket mount rules of tests/hf_jobs_emulator.py, loaded by every Python process of a job."""
     import errno
     import os
     import sys
+    import time
 
     _MOUNTS = [tuple(item.rsplit("=", 1)) for item in
                os.environ.get("HF_JOBS_EMULATOR_MOUNTS", "").split(os.pathsep) if item]
+    _LAG_S = float(os.environ.get("HF_JOBS_EMULATOR_MOUNT_LAG_S") or 0)
+    _RENAMES = not os.environ.get("HF_JOBS_EMULATOR_NO_RENAME")
+    _OWN = set()  # what this process wrote or renamed into place: seen at once, whatever the lag
     _CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.chmod",
                 "os.truncate", "os.utime", "os.link", "os.symlink", "os.chown"}
 
@@ -62,12 +74,29 @@ SITECUSTOMIZE = textwrap.dedent('''
                 return mode
         return None
 
+    def _own(path):
+        return any(path == p or path.startswith(p + os.sep) for p in _OWN)
+
+    def _not_visible_yet(path):
+        """A file another process wrote under a mount, younger than the lag."""
+        path = os.path.abspath(os.fsdecode(path))
+        try:
+            return not _own(path) and os.stat(path).st_mtime > time.time() - _LAG_S
+        except OSError:
+            return False
+
     def _hook(event, args):
         if event == "open":
             path, _, flags = args
             mode = _mode_of(path)
-            if mode is None or not isinstance(flags, int) or not flags & (os.O_WRONLY | os.O_RDWR):
+            if mode is None or not isinstance(flags, int):
                 return
+            if not flags & (os.O_WRONLY | os.O_RDWR):
+                if _LAG_S and _not_visible_yet(path):
+                    raise FileNotFoundError(errno.ENOENT, "not in this job's mount yet "
+                                            "(the emulator's mount lag)", path)
+                return
+            _OWN.add(os.path.abspath(os.fsdecode(path)))
             if mode == "ro":
                 raise PermissionError(errno.EROFS, "read-only bucket mount", path)
             if os.path.exists(path) and not flags & os.O_TRUNC:
@@ -77,6 +106,10 @@ SITECUSTOMIZE = textwrap.dedent('''
             for path in args[:2] if event in ("os.rename", "os.link", "os.symlink") else args[:1]:
                 if _mode_of(path) == "ro":
                     raise PermissionError(errno.EROFS, f"read-only bucket mount ({event})", path)
+                if event == "os.rename" and not _RENAMES and _mode_of(path) == "rw":
+                    raise OSError(errno.EOPNOTSUPP, "this bucket mount does not rename", path)
+            if event == "os.rename" and not isinstance(args[1], int):
+                _OWN.add(os.path.abspath(os.fsdecode(args[1])))
 
     if _MOUNTS:
         sys.addaudithook(_hook)
@@ -87,8 +120,10 @@ class HfJobsEmulator:
     """`run_job`, `cancel_job` and the bucket uploads of Hugging Face Jobs, on this machine."""
 
     def __init__(self, root: str | Path, *, substitutions: dict[str, str] | None = None,
-                 host_env: dict[str, str] | None = None):
+                 host_env: dict[str, str] | None = None, mount_lag_s: float = 0.0,
+                 mount_renames: bool = True):
         self.root = Path(root)
+        self.mount_lag_s, self.mount_renames = mount_lag_s, mount_renames
         self.substitutions = dict(substitutions or {})
         self.substituted: dict[str, int] = dict.fromkeys(self.substitutions, 0)
         self.host_env = dict(host_env or {})
@@ -116,6 +151,18 @@ class HfJobsEmulator:
                 target.write_bytes(b"grpo_lab wheel placeholder (tests/hf_jobs_emulator.py)")
             else:
                 shutil.copyfile(source, target)
+            if self.mount_lag_s:  # put there before any job started: visible to every job
+                old = time.time() - self.mount_lag_s - 1
+                os.utime(target, (old, old))
+
+    def read_bucket_file(self, uri: str) -> bytes | None:
+        """A download of `hf://buckets/owner/name/path` (None if absent): as the Hub's API sees
+        the bucket, with no mount in between."""
+        from grpo_lab.jobs.hf_jobs import split_bucket_path
+
+        bucket_id, path = split_bucket_path(uri)
+        target = self.bucket_dir(bucket_id) / path
+        return target.read_bytes() if target.is_file() else None
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -145,6 +192,10 @@ class HfJobsEmulator:
         job_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                    "HOME": str(job_dir / "home"), **self.host_env, "PYTHONPATH": python_path,
                    MOUNTS_ENV: os.pathsep.join(mounts), **(env or {}), **(secrets or {})}
+        if self.mount_lag_s:
+            job_env[LAG_ENV] = str(self.mount_lag_s)
+        if not self.mount_renames:
+            job_env[NO_RENAME_ENV] = "1"
         log = (job_dir / "log.txt").open("wb")
         process = subprocess.Popen(argv, cwd=job_dir, env=job_env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
@@ -173,6 +224,14 @@ class HfJobsEmulator:
             info.status.stage = "CANCELED"
         # also what its main process left behind, as a container ends
         stop_groups([info.process], grace_s=10.0)
+
+    def inspect_job(self, *, job_id, namespace=None, token=None) -> SimpleNamespace:
+        """huggingface_hub's `inspect_job`: the job's record, its stage brought up to date."""
+        info = self.jobs[job_id]
+        code = info.process.poll()
+        if code is not None and info.status.stage == "RUNNING":
+            info.status.stage = "COMPLETED" if code == 0 else "ERROR"
+        return info
 
     def wait(self, job_id: str, timeout_s: float) -> int:
         """The job's exit code; raises TimeoutError with its log tail if it runs past timeout_s."""

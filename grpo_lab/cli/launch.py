@@ -5,6 +5,8 @@ printed (--dry-run), run here or submitted to Hugging Face Jobs.
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
     grpo-lab launch --cancel RUN                     cancel every HF job of a run
     grpo-lab launch --preset blog --dry-run         the blog's run (docs/recipe.md) on HF Jobs
+    grpo-lab launch --preflight ...                  two CPU jobs check the mount and the port
+                                                     first; the recipe starts only if all pass
 
 The local backend runs the jobs with `LocalLauncher` (grpo_lab.jobs.local) until the trainer exits;
 hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs), then follows the run and
@@ -24,6 +26,8 @@ from ..jobs.follow import cancel_run, launch_hf_jobs
 from ..jobs.hf_jobs import hf_jobs_commands
 from ..jobs.local import LaunchError, LocalLauncher, local_commands
 from ..jobs.plan import PRESETS, RecipeConfig, preset_config, recipe_plan
+from ..jobs.preflight import preflight_plan, run_preflight
+from ..jobs.specs import is_gpu_flavor
 from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
 
 
@@ -51,6 +55,15 @@ def add_parser(sub) -> None:
                         help="a named run (grpo_lab.jobs.plan.PRESETS; `blog`: the blog's run, "
                              "docs/recipe.md); flags set to other values than their defaults "
                              "replace the preset's")
+    launch.add_argument("--preflight", default=False, **BOOL_FLAG,
+                        help="first run two cheap CPU jobs (grpo_lab.jobs.preflight) that check "
+                             "the bucket mount (directory rename, whole-file writes, the lag of "
+                             "one job's write in another's mount) and the replica's port with "
+                             "bearer auth; print their report, then start the recipe's jobs "
+                             "only if every check passed (exit 1 otherwise)")
+    launch.add_argument("--preflight-only", default=False, **BOOL_FLAG,
+                        help="run the preflight jobs, print their report and exit (1 if a check "
+                             "failed); start nothing else")
     launch.add_argument("trainer_args", nargs="*",
                         help="after `--`: the trainer's grpo-lab arguments, with {model}, "
                              "{proxy_url}, {output_dir}, {lora_rank}, {max_staleness}, {device}, "
@@ -79,6 +92,22 @@ def _changed_fields(config: RecipeConfig) -> dict:
             if getattr(config, f.name) != getattr(default, f.name)}
 
 
+def _forecast_lines(config: RecipeConfig, extra: dict) -> str:
+    """The planner's prediction for this exact plan (grpo_lab.jobs.planner.forecast_plan), as
+    shell comments: the dry run's lines stay a script `bash -n` accepts."""
+    from ..jobs.planner import forecast_plan
+
+    try:
+        text = forecast_plan(config).describe()
+        if extra:
+            text += "\n(trainer arguments given after `--`: simulated with the blog's settings)"
+    except (ValueError, KeyError) as exc:  # a model or flavor the planner does not know
+        text = f"no forecast: {exc}"
+    return "\n".join(f"# {line}" if line else "#" for line in
+                     ["forecast (grpo-lab plan's simulator; `grpo-lab plan` to search):",
+                      *text.splitlines()])
+
+
 def _launch(args: argparse.Namespace) -> int:
     if args.cancel:
         return cancel_run(args.cancel, namespace=args.namespace)
@@ -91,13 +120,30 @@ def _launch(args: argparse.Namespace) -> int:
     extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
     plan = recipe_plan(config, **extra)
     run_dir = Path(args.run_dir or Path("runs") / plan.name)
+    preflight = args.preflight or args.preflight_only
+    if preflight:  # the preflight's folder in the bucket: the run's own
+        config = replace(config, run_name=plan.name)
     if args.dry_run:
+        if preflight:
+            print(preflight_plan(config).plan.describe(), end="\n\n")
         print(plan.describe(), end="\n\n")
+        if plan.backend == "hf-jobs" and is_gpu_flavor(plan["trainer"].flavor):
+            print(_forecast_lines(config, extra), end="\n\n")
         if plan.backend == "local":
             print(local_commands(plan, run_dir))
         else:
             print(hf_jobs_commands(plan, args.namespace))
         return 0
+    if preflight:  # before any GPU is paid for: nothing of the recipe starts if a check fails
+        options = {"namespace": args.namespace} if args.namespace else {}
+        report = run_preflight(config, run_dir=run_dir / "preflight", launcher_options=options)
+        print(report.describe(), flush=True)
+        if not report.ok:
+            print("grpo-lab launch: a preflight check failed; the recipe's jobs were not started",
+                  file=sys.stderr)
+            return 1
+        if args.preflight_only:
+            return 0
     if plan.backend == "hf-jobs":
         return launch_hf_jobs(plan, namespace=args.namespace, detach=args.detach)
     # Local: stop the jobs on SIGTERM too (`kill <pid>` of this command), not only on Ctrl-C

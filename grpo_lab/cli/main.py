@@ -9,6 +9,7 @@
     grpo-lab serve tiny --enable-lora    an inference server speaking vLLM's HTTP contract
     grpo-lab proxy --upstream URL ...    several servers behind one URL, KV-prefix routing
     grpo-lab launch [--dry-run]          the recipe's jobs (replicas, proxy, trainer), local or HF
+    grpo-lab plan --deadline-h 2         HF Jobs flavors, replicas and settings, cost and wall clock
     grpo-lab doctor RUN_DIR              name what is silently wrong in a run folder
 
 Each command is a module of grpo_lab.cli with `add_parser` and `run`: `grpo-lab COMMAND --help`.
@@ -21,7 +22,7 @@ import importlib
 import sys
 
 COMMANDS = ("demo", "train", "build-model", "serve", "proxy", "launch", "train-async",
-            "train-trl-async", "doctor")
+            "train-trl-async", "doctor", "plan")
 """Each command lives in its own module, `grpo_lab.cli.<command>` (`-` as `_`), which exports
 `add_parser(sub)` (its flags; `set_defaults(func=run)`) and `run(args) -> int` (the exit status).
 Flags come from config dataclasses whose modules import torch, transformers or the trainer,

@@ -1,0 +1,148 @@
+"""`grpo-lab plan` and the planner behind it (grpo_lab.jobs.planner): flavors, replicas and
+settings chosen through the pipeline simulator, the memory check, the HF Jobs flavor table."""
+
+import json
+
+import pytest
+from huggingface_hub._jobs_api import JobHardwareInfo
+
+from grpo_lab.cli.main import main
+from grpo_lab.core.memory_model import GiB, StepSetting, num_parameters, step_memory
+from grpo_lab.core.shaped_models import QWEN25_MATH_15B
+from grpo_lab.jobs.flavors import EXPOSED_PORT_USD_PER_H, FLAVORS, flavors
+from grpo_lab.jobs.plan import preset_config
+from grpo_lab.jobs.planner import STARTUP_S, forecast_plan, plan_run
+from grpo_lab.jobs.run_memory import model_shape, trainer_gib
+from grpo_lab.jobs.simulator import blog_setting
+
+SMALL = ["t4-small", "l4x1", "a10g-small", "l40sx1", "a100-large", "h200"]
+"""One-GPU flavors: the capstone's single-GPU plan takes its trainer from these."""
+
+
+def test_blog_plan_prints_a_recommendation_a_wall_clock_and_a_cost(capsys):
+    """The blog's setting (Qwen2.5-Math-1.5B, h200 replicas, an h200x2 trainer): the planner
+    picks replicas, cap, token budget and staleness; its bill is every job's price x the wall
+    clock; the preset's own plan is forecast beside it."""
+    assert main(["plan", "--preset", "blog"]) == 0
+    out = capsys.readouterr().out
+    assert "recommendation" in out and "trainer h200x2" in out and "x h200 " in out
+    for word in ("step time", "wall clock", "cost", "bottleneck", "memory check",
+                 "`grpo-lab launch --preset blog` as it stands"):
+        assert word in out, word
+    best = plan_run("qwen2.5-math-1.5b", replica_flavors=["h200"], trainer_flavors=["h200x2"])
+    hourly = best.replicas * (FLAVORS["h200"].hourly_usd + EXPOSED_PORT_USD_PER_H) + 10.0
+    assert best.hourly_usd == pytest.approx(hourly)
+    assert best.cost_usd == pytest.approx(hourly * best.wall_clock_s / 3600)
+    assert best.wall_clock_s > STARTUP_S + best.setting.steps * best.step_s * 0.5
+    assert best.setting.token_budget == 16384 and not best.setting.gradient_checkpointing
+    assert best.trainer_memory_gib <= best.trainer_limit_gib
+    assert best.replica_memory_gib <= best.replica_limit_gib
+
+
+def test_capstone_model_on_one_gpu_per_job(capsys):
+    """Qwen2.5-0.5B with --single-gpu: one replica job and one trainer job, one GPU each (the
+    recipe always runs them as separate jobs; they never share a GPU on HF Jobs)."""
+    assert main(["plan", "--model", "qwen2.5-0.5b", "--single-gpu", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["recommendation"]
+    assert plan["replicas"] == 1 and FLAVORS[plan["trainer_flavor"]].gpus == 1
+    assert FLAVORS[plan["replica_flavor"]].gpus == 1
+    assert plan["wall_clock_s"] > STARTUP_S and plan["cost_usd"] > 0
+
+
+def test_a_tighter_budget_never_gives_a_dearer_plan():
+    plans = {}
+    for budget in (1000, 60, 30, 20, 12):
+        try:
+            plans[budget] = plan_run("qwen2.5-math-1.5b", budget_usd=budget,
+                                     replica_flavors=["l40sx1", "a100-large", "h200"],
+                                     trainer_flavors=["a100-large", "h200", "h200x2"])
+        except ValueError as exc:
+            assert "raise --budget-usd" in str(exc)
+    costs = [plans[b].cost_usd for b in sorted(plans, reverse=True)]
+    assert len(costs) >= 3 and costs == sorted(costs, reverse=True), costs
+    assert all(plans[b].cost_usd <= b for b in plans)
+    fastest = plans[1000].wall_clock_s
+    assert all(p.wall_clock_s >= fastest for p in plans.values())
+
+
+def test_a_deadline_that_cannot_be_met_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match=r"no plan meets the deadline of 0.05 h.*--deadline-h"):
+        plan_run("qwen2.5-math-1.5b", deadline_h=0.05, replica_flavors=["h200"],
+                 trainer_flavors=["h200x2"])
+    assert main(["plan", "--preset", "blog", "--deadline-h", "0.05"]) == 2
+    assert "no plan meets the deadline" in capsys.readouterr().err
+
+
+def test_a_model_too_big_for_every_flavor_is_rejected_for_memory():
+    with pytest.raises(ValueError, match=r"no trainer flavor holds .* even h200x8 needs [\d.]+ "
+                                         r"GiB per GPU"):
+        plan_run(2e12)
+    # enough trainer memory, but no replica GPU holds the weights
+    with pytest.raises(ValueError, match=r"no replica flavor holds .*GiB > "):
+        plan_run(100e9, trainer_flavors=["h200x8"])
+
+
+def test_memory_check_is_the_real_shapes_model():
+    """On one GPU the trainer's memory is grpo_lab.core.memory_model's step at the blog's
+    recipe (benchmarks/real_shapes.py's BLOG: 128 rows, 16,384-token micro-batches, the LM head
+    in 110-position chunks); the largest token budget that fits an H200 with the planner's
+    margin is the blog's own 16,384."""
+    blog = StepSetting(prompts=16, num_generations=8, prompt_tokens=1096, completion_tokens=3000,
+                       dtype="bfloat16", lora_rank=1, micro_batch_rows=4, logits_chunk_rows=110,
+                       generate_in_process=False)
+    assert model_shape("Qwen/Qwen2.5-Math-1.5B") is QWEN25_MATH_15B
+    one_gpu = trainer_gib(QWEN25_MATH_15B, 1, 16384, False, (1096, 3000))
+    assert one_gpu == pytest.approx(step_memory(QWEN25_MATH_15B, blog).total / GiB, rel=1e-9)
+    assert 60 < one_gpu < 70  # 66.24 GiB in benchmarks/results/real_shapes.json
+    two_gpus = trainer_gib(QWEN25_MATH_15B, 2, 16384, False, (1096, 3000))
+    assert one_gpu - two_gpus == pytest.approx(num_parameters(QWEN25_MATH_15B) * 2 / 2 / GiB,
+                                               rel=0.01)  # FSDP2 halves the weights
+    assert num_parameters(model_shape(7e9)) == pytest.approx(7e9, rel=0.15)
+
+
+def test_launch_dry_run_shows_the_planners_forecast_of_that_plan(capsys):
+    assert main(["launch", "--backend", "hf-jobs", "--preset", "blog", "--dry-run",
+                 "--run-name", "blog"]) == 0
+    out = capsys.readouterr().out
+    forecast = [line for line in out.splitlines() if line.startswith("# ")]
+    text = "\n".join(forecast)
+    assert "forecast" in text and "2 x h200" in text and "trainer h200x2" in text
+    assert "max_inflight 128" in text and "token_budget 16,384" in text and "$" in text
+    own = forecast_plan(preset_config("blog"))
+    assert own.setting == blog_setting(3)  # the preset is the blog's run 3, simulated as such
+    assert f"${own.cost_usd:,.2f}" in text
+
+
+def test_flavors_from_the_hub_or_the_committed_table_offline():
+    """`flavors(refresh=True)` reads HfApi.list_jobs_hardware (faked here: this machine has no
+    Hub access); offline it falls back to the committed table."""
+    def info(name, model, quantity, vram, per_minute):
+        return JobHardwareInfo(name=name, prettyName=name, cpu="23 vCPU", ram="256 GB",
+                               accelerator={"type": "gpu", "model": model, "quantity": quantity,
+                                            "vram": vram, "manufacturer": "Nvidia"},
+                               unitCostMicroUSD=int(per_minute * 1e6), unitCostUSD=per_minute,
+                               unitLabel="minute")
+
+    class Hub:
+        def list_jobs_hardware(self):
+            return [info("h200", "H200", "1", "141 GB", 0.1), info("h200x2", "H200", "2",
+                                                                   "282 GB", 0.2),
+                    info("mystery-gpu", "Z9", "1", "8 GB", 0.01),
+                    JobHardwareInfo(name="cpu-basic", prettyName="CPU Basic", cpu="2 vCPU",
+                                    ram="16 GB", unitCostMicroUSD=167, unitCostUSD=0.000167,
+                                    unitLabel="minute")]
+
+    class Offline:
+        def list_jobs_hardware(self):
+            raise OSError("no network")
+
+    live = flavors(refresh=True, api=Hub())
+    assert live["h200"].hourly_usd == pytest.approx(6.0) and live["h200"].source == "hub"
+    assert live["h200x2"].gpu_memory_gib == pytest.approx(FLAVORS["h200x2"].gpu_memory_gib)
+    assert "mystery-gpu" not in live and "cpu-basic" not in live  # no speed to plan with
+    assert live["a100-large"] == FLAVORS["a100-large"]  # not listed: the table's
+    assert flavors(refresh=True, api=Offline()) == FLAVORS
+    assert flavors() == FLAVORS
+    cheaper = plan_run("qwen2.5-math-1.5b", flavors_table=live, replica_flavors=["h200"],
+                       trainer_flavors=["h200x2"], steps=50)
+    assert cheaper.hourly_usd == pytest.approx(cheaper.replicas * 6.01 + 12.0)

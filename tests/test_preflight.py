@@ -1,0 +1,151 @@
+"""Preflight (grpo_lab.jobs.preflight): the two CPU jobs run end to end as local processes and in
+the HF Jobs emulator (tests/hf_jobs_emulator.py), whose mount rules give the lag and the missing
+rename; a port that serves without the token, or a mount that never shows a write, fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hf_jobs_emulator import HfJobsEmulator
+
+from grpo_lab.cli import launch as launch_cli
+from grpo_lab.cli.main import main as grpo_lab_main
+from grpo_lab.jobs.preflight import (
+    REPLICA,
+    TRAINER,
+    preflight_plan,
+    report_from_results,
+    run_preflight,
+)
+from grpo_lab.jobs.recipe_config import RecipeConfig
+
+TOKEN = "hf_emulated_token"
+BUCKET_ID = "me/preflight"
+LAG_S = 1.5
+"""The emulated mount's lag: a write shows in another job's mount once it is this old."""
+LAG_SLACK_S = 5.0
+"""Above the lag, job B's poll (0.1 s) and two processes' scheduling on a busy 2-core host."""
+
+
+def emulated(tmp_path, **knobs) -> tuple[HfJobsEmulator, dict]:
+    """An emulator and the run_preflight keywords that send the HF Jobs plan to it."""
+    emulator = HfJobsEmulator(tmp_path / "hf", host_env={"OMP_NUM_THREADS": "1"}, **knobs)
+    config = RecipeConfig(backend="hf-jobs", bucket=f"hf://buckets/{BUCKET_ID}", run_name="pf",
+                          mount_path=str(emulator.bucket_dir(BUCKET_ID)), free_ports=True)
+    options = {"config": config, "api": emulator, "read_bucket": emulator.read_bucket_file,
+               "poll_s": 0.2, "timeout_s": 120, "watch_timeout_s": 30.0,
+               "launcher_options": {"upload": emulator.upload,
+                                    "exposed_url": emulator.exposed_url,
+                                    "environ": {"HF_TOKEN": TOKEN}}}
+    return emulator, options
+
+
+def test_preflight_runs_end_to_end_as_local_processes(tmp_path):
+    report = run_preflight(RecipeConfig(bucket=str(tmp_path / "bucket"), run_name="pf"),
+                           run_dir=tmp_path / "run")
+    assert report.ok, report.describe()
+    checks = {f.check: f for f in report.findings}
+    assert report.findings[0].check == "directory rename"
+    assert "HTTP 200" in checks["reached with the token"].message
+    assert "HTTP 401" in checks["refused without a token"].message
+    assert "HTTP 401" in checks["refused with a wrong token"].message
+    assert 0 <= report.sync_lag_s < 30  # seen at all, within job B's watch
+    # Both results are in the bucket, written whole; the launcher stopped job B
+    results = sorted(p.name for p in (tmp_path / "bucket" / "pf").glob("preflight-*/*.json"))
+    assert results == ["probe.json", "replica-probe.json", "trainer-probe.json"]
+    assert (tmp_path / "run" / "logs" / f"{REPLICA}.log").is_file()
+
+
+def test_preflight_in_the_hf_jobs_emulator_measures_the_mount_lag(tmp_path):
+    emulator, options = emulated(tmp_path, mount_lag_s=LAG_S)
+    with emulator:
+        report = run_preflight(**options)
+        names = sorted(job.name for job in emulator.jobs.values())
+        assert not any(emulator.running(job_id) for job_id in emulator.jobs)  # B cancelled
+    assert report.ok, report.describe()
+    assert LAG_S <= report.sync_lag_s < LAG_S + LAG_SLACK_S
+    assert names == [f"pf-preflight-{REPLICA}", f"pf-preflight-{TRAINER}"]
+    trainer = json.loads(next(emulator.bucket_dir(BUCKET_ID).glob("pf/preflight-*/"
+                                                                   "trainer-probe.json")).read_text())
+    assert trainer["beacon"]["published_by"] == "rename"
+
+
+def test_a_mount_without_rename_fails_first_and_the_recipe_never_starts(tmp_path, monkeypatch,
+                                                                          capsys):
+    emulator, options = emulated(tmp_path, mount_renames=False)
+    config = options.pop("config")
+    launched = []
+    def run_in_emulator(config, **cli):  # the CLI's own keywords, then the emulator's
+        options["launcher_options"].update(cli.pop("launcher_options"))
+        return run_preflight(config, **cli, **options)
+
+    monkeypatch.setattr(launch_cli, "run_preflight", run_in_emulator)
+    monkeypatch.setattr(launch_cli, "launch_hf_jobs", lambda *a, **k: launched.append(a) or 0)
+    with emulator:
+        code = grpo_lab_main(["launch", "--backend", "hf-jobs", "--bucket", config.bucket,
+                              "--mount-path", config.mount_path, "--run-name", "pf",
+                              "--free-ports", "--replica-flavor", "cpu-basic",
+                              "--trainer-flavor", "cpu-basic", "--preflight"])
+        names = sorted(job.name for job in emulator.jobs.values())
+    out, err = capsys.readouterr()
+    assert code == 1 and launched == []  # the recipe's jobs were never submitted
+    assert names == [f"pf-preflight-{REPLICA}", f"pf-preflight-{TRAINER}"]
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("Preflight FAILED"))
+    assert lines[first + 1].startswith("  FAIL directory rename: refused (OSError")
+    assert "fix:" in lines[first + 2] and "recipe's jobs were not started" in err
+    # The rest of the mount still works, and the beacon was written in place instead
+    assert "ok   whole-file write" in out and "ok   mount visibility" in out
+
+
+def _results(**reach) -> dict:
+    works = {"ok": True, "error": None}
+    answers = {"token": {"status": 200, "body": {"ok": True}},
+               "no_token": {"status": 401}, "wrong_token": {"status": 401}, **reach}
+    return {"mount": dict.fromkeys(("whole_file_write", "folder", "rename", "overwrite"), works),
+            "reach": answers}
+
+
+def test_a_port_that_serves_without_the_token_fails_the_report():
+    seen = {"seen": True, "lag_s": 0.4}
+    assert report_from_results(_results(), seen, 30).ok
+    report = report_from_results(_results(no_token={"status": 200, "body": {"ok": True}},
+                                          wrong_token={"status": 200, "body": {"ok": True}}),
+                                 seen, 30)
+    failed = [f.check for f in report.findings if not f.ok]
+    assert failed == ["refused without a token", "refused with a wrong token"]
+    assert all("--api-key" in f.fix for f in report.findings if not f.ok)
+    refused = report_from_results(_results(token={"status": 401}), seen, 30)
+    assert [f.check for f in refused.findings if not f.ok] == ["reached with the token"]
+
+
+def test_a_write_never_seen_or_a_missing_result_fails_the_report():
+    report = report_from_results(_results(), {"seen": False, "lag_s": None}, 30)
+    assert not report.ok and report.sync_lag_s is None
+    assert [f.check for f in report.findings if not f.ok] == ["mount visibility"]
+    missing = report_from_results(None, None, 30)
+    assert [f.check for f in missing.findings] == ["trainer-probe", "replica-probe"]
+    assert not missing.ok
+
+
+@pytest.mark.parametrize("backend", ["local", "hf-jobs"])
+def test_the_preflight_plan_is_two_cpu_jobs_on_the_bucket_read_write(backend):
+    pre = preflight_plan(RecipeConfig(backend=backend, bucket="hf://buckets/me/b"
+                                      if backend == "hf-jobs" else None, run_name="r"))
+    assert pre.plan.names == [REPLICA, TRAINER]
+    for job in pre.plan.jobs:
+        assert job.flavor in ("local", "cpu-basic") and not job.volumes[0].read_only
+        assert pre.token_env in job.secrets
+    assert pre.plan[TRAINER].placeholders() == {REPLICA}
+    if backend == "hf-jobs":  # the probes travel through the bucket, as the wheel does
+        assert pre.plan.uploads[0][1] == f"{pre.folder}/probes.py"
+
+
+def test_launch_preflight_only_checks_locally_and_starts_nothing_else(tmp_path, capsys):
+    code = grpo_lab_main(["launch", "--bucket", str(tmp_path / "bucket"), "--run-name", "pf",
+                          "--run-dir", str(tmp_path / "run"), "--preflight-only"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Preflight: every check passed" in out
+    logs = sorted(p.name for p in (tmp_path / "run").rglob("*.log"))
+    assert logs == [f"{REPLICA}.log", f"{TRAINER}.log"]  # no replica, proxy or trainer of the run
