@@ -29,21 +29,13 @@ from grpo_lab.jobs.sim_blog import (
     TRAIN_EFFICIENCY,
 )
 from grpo_lab.jobs.simulator import BLOG_RUNS, blog_costs, blog_setting, simulate, summarize
+from grpo_lab.observe.sim_runs import PUBLISHED_AS
 
 GOAL = 0.15
 ABS_TOL = {"rollout_wait_s": 0.1}
 """Seconds within which a near-zero published wait counts as met (a relative error of 0.02 s
 means nothing)."""
-FIGURES = {  # published name -> summarize()'s
-    "step_s_p50": "step_s_p50", "fwd_bwd_s_p50": "fwd_bwd_s_p50", "mfu": "mfu",
-    "rollout_wait_s": "rollout_wait_s_p50", "queue_size": "queue_size_mean",
-    "queue_maxsize": "queue_maxsize", "generation_tokens_per_s": "generation_tokens_per_s",
-    "micro_batches": "micro_batches", "samples_per_row": "samples_per_row",
-    "row_fill_frac": "row_fill_frac", "weight_sync_s_p50": "weight_sync_s_p50",
-    "weight_sync_share": "weight_sync_share", "staleness_mean": "staleness_mean",
-    "wall_clock_s": "wall_clock_s", "backpressure_s": "backpressure_s_mean",
-    "inflight": "inflight_mean", "bottleneck": "bottleneck",
-}
+FIGURES = PUBLISHED_AS  # published name -> summarize()'s (grpo_lab.observe.sim_runs)
 REASONS = {
     "fwd_bwd_s_p50": "the per-token cost is a prior (TRAIN_EFFICIENCY 0.35) and the backward a "
                      "textbook 2x forward; run 1's one-sample passes cannot separate a pass's "

@@ -442,6 +442,30 @@ NOTEBOOK_GOALS = {
             and r["rescue"]["frac_reward_zero_std"] < 0.7
             and r["rescue"]["reward"] >= r["reward_high"] + 0.1,
     },
+    "11_plan_before_you_pay": {
+        "the simulated run 1 is trainer-bound (diagnose), as the blog's was":
+            lambda r: r["bottleneck"]["r1-baseline"] == "trainer",
+        "packing: the simulated run 2's step < 0.35x run 1's (the blog's: 0.26x)":
+            lambda r: r["step_s_p50"]["r2-packing"] < 0.35 * r["step_s_p50"]["r1-baseline"],
+        "the simulated run 5's wall clock within 15 % of the blog's 53 min":
+            lambda r: abs(r["wall_clock_s"]["r5-cap-384"] / (53 * 60) - 1) <= 0.15,
+        "runs 2-5: at least 10 published figures predicted within 15 %":
+            lambda r: r["predicted_within_goal"] >= 10,
+        "the budget's plan costs at most the budget":
+            lambda r: r["plans"]["budget"]["cost_usd"] <= r["budget_usd"],
+        "the deadline's plan ends within the deadline":
+            lambda r: r["plans"]["deadline"]["wall_clock_s"] <= r["deadline_h"] * 3600,
+        "every plan's memory fits (trainer and replica under their limits)":
+            lambda r: all(p["memory_fits"] for p in r["plans"].values()),
+        "the capstone's plan: Qwen2.5-0.5B, one replica, one GPU a job":
+            lambda r: r["plans"]["capstone"]["model"] == "qwen2.5-0.5b"
+            and r["plans"]["capstone"]["replicas"] == 1
+            and r["plans"]["capstone"]["replica_gpus"] == 1
+            and r["plans"]["capstone"]["trainer_gpus"] == 1,
+        "11.1: syncing every 8 steps shortens run 5's simulated wall clock by > 10 %":
+            lambda r: r["sync_run"]["weight_sync_steps"] == 8
+            and r["sync_run"]["wall_clock_s"] < 0.9 * r["wall_clock_s"]["r5-cap-384"],
+    },
 }
 
 
@@ -561,6 +585,18 @@ GOAL_MARGINS = {
             lambda r: (r["zero_std_baseline"], 0.1, ">="),
         "10.2: the rescued run's zero-std groups < 0.7":
             lambda r: (r["rescue"]["frac_reward_zero_std"], 0.7, "<="),
+    },
+    "11_plan_before_you_pay": {
+        "packing: run 2's step < 0.35x run 1's":
+            lambda r: (r["step_s_p50"]["r2-packing"] / r["step_s_p50"]["r1-baseline"], 0.35,
+                       "<="),
+        "run 5's wall clock within 15 % of the blog's":
+            lambda r: (abs(r["wall_clock_s"]["r5-cap-384"] / (53 * 60) - 1), 0.15, "<="),
+        "runs 2-5: at least 10 figures within 15 %":
+            lambda r: (r["predicted_within_goal"], 10, ">="),
+        "11.1: wall clock with syncs every 8 steps < 0.9x":
+            lambda r: (r["sync_run"]["wall_clock_s"] / r["wall_clock_s"]["r5-cap-384"], 0.9,
+                       "<="),
     },
 }
 
