@@ -47,6 +47,7 @@ def test_capstone_model_on_one_gpu_per_job(capsys):
     assert plan["replicas"] == 1 and FLAVORS[plan["trainer_flavor"]].gpus == 1
     assert FLAVORS[plan["replica_flavor"]].gpus == 1
     assert plan["wall_clock_s"] > STARTUP_S and plan["cost_usd"] > 0
+    assert FLAVORS[plan["trainer_flavor"]].spec.bf16  # never a T4 (fp16 only) as the trainer
 
 
 def test_a_tighter_budget_never_gives_a_dearer_plan():

@@ -37,10 +37,13 @@ class GpuSpec:
     memory_bandwidth_gbs: float
     """Memory bandwidth, GB/s: what bounds a replica's decoding."""
     note: str = ""
+    bf16: bool = True
+    """Computes in bfloat16, the trainer's precision (T4: fp16 only, a replica, not a trainer)."""
 
 
 GPU_SPECS = {
-    "T4": GpuSpec(65, 320, "Tesla T4 datasheet: 65 fp16 TFLOP/s (no bf16: vLLM runs it in fp16)"),
+    "T4": GpuSpec(65, 320, "Tesla T4 datasheet: 65 fp16 TFLOP/s (no bf16: vLLM runs it in fp16)",
+                  bf16=False),
     "L4": GpuSpec(121, 300, "L4 datasheet: 242 bf16 TFLOP/s with sparsity"),
     "L40S": GpuSpec(362, 864, "L40S datasheet: 362.05 bf16 TFLOP/s (733 with sparsity)"),
     "A10G": GpuSpec(70, 600, "AWS's variant of the A10, no NVIDIA datasheet: 70 TFLOP/s as "

@@ -185,7 +185,10 @@ def plan_run(model, *, steps: int = 500, budget_usd: float | None = None,
     table = flavors_table or flavors()
     replica_pool = [flavor(n, table) for n in replica_flavors or [
         f.name for f in table.values() if f.gpus == 1]]  # `vllm serve` on one GPU, as planned
-    trainer_pool = [flavor(n, table) for n in trainer_flavors or table]
+    trainer_pool = [f for f in (flavor(n, table) for n in trainer_flavors or table)
+                    if f.spec.bf16]  # the trainer computes in bfloat16 (T4: fp16 only)
+    if not trainer_pool:
+        raise ValueError(f"no trainer flavor computes in bfloat16 among {trainer_flavors}")
     base = replace(blog_setting(5), steps=steps, **settings)
     search = _Search(model_shape(model), base, gpu_memory_utilization, lora_rank, sync_s)
 
