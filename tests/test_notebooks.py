@@ -229,7 +229,8 @@ def test_no_wrapped_line_turns_into_a_list(notebook):
             continue
         lines = cell.source.splitlines()
         for above, line in zip(lines, lines[1:]):
-            if line.startswith("1. ") and above.strip() and not re.match(r"\s*(\d+\.|[-*])\s", above) \
+            in_list = re.match(r"\s*(\d+\.|[-*])\s", above)
+            if line.startswith("1. ") and above.strip() and not in_list \
                     and not above.rstrip().endswith(":") and not above.startswith("#"):
                 wrapped.append(f"{above!r} / {line!r}")
     assert not wrapped, wrapped

@@ -7,6 +7,7 @@ Stub replicas (tests/proxy_stubs.py) play each fault; every test body has a hard
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 from proxy_stubs import fleet, junk_server, run, wait_until
@@ -309,3 +310,27 @@ def test_no_adapter_is_ever_left_on_part_of_the_fleet_randomized():
             await still_serves(f)
 
     run(body(), timeout_s=120)
+
+
+def test_a_load_whose_last_try_runs_into_the_deadline_still_names_the_mount():
+    """A replica that answered "not visible" and whose last try, sent with the time left, got no
+    answer before the deadline: the 504 names the mount that has not caught up, not only the
+    cut-off try (the gate saw "did not answer within 5.7e-05 s" alone, on a busy machine)."""
+    from grpo_lab.proxy.adapter_loads import NOT_VISIBLE, load_everywhere
+    from grpo_lab.proxy.upstream import UpstreamError
+
+    calls = []
+
+    async def send(replica, path, body, timeout_s, method="POST"):
+        calls.append(path)
+        if len(calls) == 1:
+            return 404, json.dumps({"error": {"message": f"{NOT_VISIBLE} at /l", "code": 404}})
+        if path.endswith("load_lora_adapter") and "unload" not in path:
+            raise UpstreamError(504, f"replica {replica} did not answer within 1e-05 s", "timeout")
+        return 200, "ok"  # the rollback's unload
+
+    result = asyncio.run(load_everywhere(send, ["http://r0"], {"lora_name": "v1",
+                                                               "lora_path": "/l"},
+                                         retry_s=0.01, timeout_s=0.5))
+    assert result.status == 504 and NOT_VISIBLE in json.dumps(result.body), result
+    assert "did not answer" in json.dumps(result.body)

@@ -159,7 +159,8 @@ def plot_runs(runs: list[KnobRun]):
     axes[2].bar(xs, [r["held_back_share"] for r in rows], color="tab:red", label="held back")
     axes[2].bar(xs, [-r["wait_share"] for r in rows], color="tab:blue", label="trainer waits")
     axes[2].axhline(0, color="black", linewidth=0.8)
-    axes[2].set_title("generation held back (+) /\ntrainer waiting (-), share of a step", fontsize=10)
+    axes[2].set_title("generation held back (+) /\ntrainer waiting (-), share of a step",
+                      fontsize=10)
     axes[2].legend(fontsize=8, loc="lower left", framealpha=0.9)
     for ax in axes:
         ax.set_xticks(list(xs), labels, fontsize=8, rotation=30, ha="right")

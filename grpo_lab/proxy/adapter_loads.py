@@ -46,6 +46,7 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
     async def one(replica: str) -> tuple[str, int, str]:
         """-> (state, status, text); state: ok, present, failed, lost, timeout or aborted."""
         nonlocal retries
+        not_visible = False  # answered "not visible" before: the reason to report at a timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -54,6 +55,9 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
                 status, text = await send(replica, LOAD_PATH, body, remaining)
             except UpstreamError as exc:  # the answer is lost: it may have loaded it or not
                 failed.set()  # its timeout was the time left: a timeout means the deadline
+                if exc.kind == "timeout" and not_visible:  # the last try ran into the deadline
+                    return "timeout", 504, (f"still '{NOT_VISIBLE}' at the deadline (its last "
+                                            f"try: {exc.message})")
                 return ("timeout" if exc.kind == "timeout" else "lost"), exc.status, exc.message
             if 200 <= status < 300:
                 return "ok", status, text
@@ -66,6 +70,7 @@ async def load_everywhere(send: Send, replicas: Sequence[str], body: dict, *, re
                 return "failed", 400, json.dumps(error_body(conflict, 400, "InvalidUserInput"))
             if status == 404 and NOT_VISIBLE in text:  # its mount has not caught up: wait
                 retries += 1
+                not_visible = True
                 wait = min(retry_s, deadline - time.monotonic())
                 if wait > 0:
                     try:  # sleep, but wake at once if another replica failed for good
