@@ -594,9 +594,9 @@ GOAL_MARGINS = {
             lambda r: (abs(r["wall_clock_s"]["r5-cap-384"] / (53 * 60) - 1), 0.15, "<="),
         "runs 2-5: at least 10 figures within 15 %":
             lambda r: (r["predicted_within_goal"], 10, ">="),
-        "11.1: wall clock with syncs every 8 steps < 0.9x":
-            lambda r: (r["sync_run"]["wall_clock_s"] / r["wall_clock_s"]["r5-cap-384"], 0.9,
-                       "<="),
+        "11.1: syncs every 8 steps shorten the wall clock by > 10 %":
+            lambda r: (1 - r["sync_run"]["wall_clock_s"] / r["wall_clock_s"]["r5-cap-384"], 0.10,
+                       ">="),
     },
 }
 

@@ -123,6 +123,53 @@ def test_samples_that_drift_from_a_publishing_trainer_are_not_from_its_policy():
     assert Doctor(max_staleness=1).read(steady) == []
 
 
+# Notebook 04's synchronous run at seed 1, one thread (a healthy run: greedy accuracy 0.29 ->
+# 0.49): its sampled reward per step, measured. A 10-step window of it sits within 0.03 of the
+# first window near step 80, which alone reads as flat.
+SEED_1_REWARDS = [
+    0.125, 0.1641, 0.2266, 0.2109, 0.1641, 0.2266, 0.2344, 0.1094, 0.25, 0.2344, 0.2656, 0.2422,
+    0.1172, 0.2578, 0.2031, 0.2031, 0.1406, 0.25, 0.2344, 0.2188, 0.2969, 0.1875, 0.2109, 0.2031,
+    0.1641, 0.2188, 0.2188, 0.1953, 0.2344, 0.2031, 0.1328, 0.2031, 0.2188, 0.2188, 0.1875, 0.3281,
+    0.2344, 0.2812, 0.25, 0.3047, 0.2188, 0.4062, 0.2578, 0.25, 0.2578, 0.2422, 0.3359, 0.2188,
+    0.2969, 0.2344, 0.2188, 0.2656, 0.2578, 0.2422, 0.3047, 0.1875, 0.2578, 0.2109, 0.1875, 0.1641,
+    0.1406, 0.2188, 0.1875, 0.1719, 0.3047, 0.25, 0.1953, 0.2266, 0.2656, 0.1797, 0.2031, 0.2266,
+    0.2422, 0.2422, 0.2344, 0.1953, 0.3203, 0.2734, 0.2109, 0.2734, 0.3984, 0.1719, 0.2422, 0.25,
+    0.2188, 0.1328, 0.2578, 0.2109, 0.2344, 0.1875, 0.3281, 0.3125, 0.2969, 0.2344, 0.2812, 0.2656,
+    0.2578, 0.2734, 0.2969, 0.2109, 0.2266, 0.3047, 0.2812, 0.2656, 0.2734, 0.3203, 0.2422, 0.25,
+    0.2344, 0.2734, 0.3047, 0.2422, 0.2891, 0.3047, 0.2812, 0.1953, 0.2422, 0.2344, 0.2656, 0.2734,
+    0.3359, 0.2812, 0.1719, 0.2578, 0.2422, 0.2266, 0.2266, 0.2969, 0.2344, 0.2422, 0.2422, 0.25,
+    0.3516, 0.2812, 0.2578, 0.2422, 0.3594, 0.2969, 0.3203, 0.3359, 0.2812, 0.2578, 0.3281, 0.3906,
+    0.3516, 0.2344, 0.2578, 0.1875, 0.3281, 0.3203,
+]
+SEED_1_ACCURACY = [(0, 0.293), (25, 0.414), (50, 0.473), (75, 0.480), (100, 0.471), (125, 0.459),
+                   (150, 0.488)]
+
+
+def _sync_records(rewards, accuracy):
+    evaluated = dict(accuracy)
+    records = [{"step": 0, "eval/accuracy": evaluated[0]}]
+    for step, reward in enumerate(rewards, start=1):
+        record = {"step": step, "reward": reward, "grad_norm": 0.1}
+        if step in evaluated:
+            record["eval/accuracy"] = evaluated[step]
+        records.append(record)
+    return records
+
+
+def test_a_reward_that_rises_slowly_while_held_out_accuracy_rises_is_not_flat():
+    no_evaluation = [r for r in _sync_records(SEED_1_REWARDS, SEED_1_ACCURACY)
+                     if "reward" in r]
+    for r in no_evaluation:
+        r.pop("eval/accuracy", None)
+    assert [f.code for f in Doctor().read(no_evaluation)] == ["reward_flat"]  # the reward alone
+    assert Doctor().read(_sync_records(SEED_1_REWARDS, SEED_1_ACCURACY)) == []
+    # a run whose accuracy stays within 0.05 of its start is still flat
+    stuck = [(step, 0.293 + 0.01 * (step > 0)) for step, _ in SEED_1_ACCURACY]
+    flat = Doctor().read(_sync_records(SEED_1_REWARDS, stuck))
+    assert [f.code for f in flat] == ["reward_flat"]
+    assert flat[0].evidence["eval_accuracy"] == [0.293, 0.303]
+
+
 def test_a_correction_raises_the_bound_on_the_sampler_mismatch():
     records = _async_records([1.5e-2] * 12)
     assert [f.code for f in Doctor(max_staleness=1).read(records)] == ["sampler_mismatch"]
