@@ -147,3 +147,19 @@ def test_flavors_from_the_hub_or_the_committed_table_offline():
     cheaper = plan_run("qwen2.5-math-1.5b", flavors_table=live, replica_flavors=["h200"],
                        trainer_flavors=["h200x2"], steps=50)
     assert cheaper.hourly_usd == pytest.approx(cheaper.replicas * 6.01 + 12.0)
+
+
+def test_a_measured_mount_lag_sets_the_weight_sync_and_the_bill(capsys):
+    """A preflight's mount lag replaces the blog's 2-4 s: a slower mount means more load
+    retries per sync, so a longer sync, wall clock and bill for the same plan."""
+    config = preset_config("blog")
+    blog, fast, slow = (forecast_plan(config, mount_lag_s=lag) for lag in (None, 0.0, 30.0))
+    syncs = [f.summary["weight_sync_s_p50"] for f in (fast, blog, slow)]
+    assert syncs == sorted(syncs) and syncs[2] > syncs[0] + 20  # about one retry per 2 s
+    assert slow.wall_clock_s > blog.wall_clock_s and slow.cost_usd > blog.cost_usd
+    assert "mount lag 30.00 s (measured by a preflight)" in slow.describe()
+    assert "mount lag 2-4 s (the blog's)" in blog.describe()
+    assert main(["plan", "--preset", "blog", "--mount-lag-s", "30"]) == 0
+    assert "mount lag 30.00 s (measured by a preflight)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a negative lag is refused by the parser
+        main(["plan", "--preset", "blog", "--mount-lag-s", "-1"])

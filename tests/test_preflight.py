@@ -149,3 +149,28 @@ def test_launch_preflight_only_checks_locally_and_starts_nothing_else(tmp_path, 
     assert code == 0 and "Preflight: every check passed" in out
     logs = sorted(p.name for p in (tmp_path / "run").rglob("*.log"))
     assert logs == [f"{REPLICA}.log", f"{TRAINER}.log"]  # no replica, proxy or trainer of the run
+
+
+def test_the_measured_mount_lag_feeds_the_forecast(tmp_path, monkeypatch, capsys):
+    """`launch --preflight-only` on GPU flavors prints the plan's forecast with the lag the
+    preflight measured in place of the blog's 2-4 s."""
+    emulator, options = emulated(tmp_path, mount_lag_s=LAG_S)
+    config = options.pop("config")
+    reports = []
+
+    def run_in_emulator(config, **cli):
+        options["launcher_options"].update(cli.pop("launcher_options"))
+        reports.append(run_preflight(config, **cli, **options))
+        return reports[-1]
+
+    monkeypatch.setattr(launch_cli, "run_preflight", run_in_emulator)
+    with emulator:
+        code = grpo_lab_main(["launch", "--backend", "hf-jobs", "--bucket", config.bucket,
+                              "--mount-path", config.mount_path, "--run-name", "pf",
+                              "--free-ports", "--preset", "blog", "--preflight-only"])
+    out = capsys.readouterr().out
+    assert code == 0 and reports[0].ok, out
+    lag = reports[0].sync_lag_s
+    assert LAG_S <= lag < LAG_S + LAG_SLACK_S
+    assert f"# forecast (grpo-lab plan's simulator" in out
+    assert f"mount lag {lag:.2f} s (measured by a preflight)" in out

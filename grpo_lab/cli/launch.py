@@ -92,13 +92,14 @@ def _changed_fields(config: RecipeConfig) -> dict:
             if getattr(config, f.name) != getattr(default, f.name)}
 
 
-def _forecast_lines(config: RecipeConfig, extra: dict) -> str:
+def _forecast_lines(config: RecipeConfig, extra: dict, mount_lag_s: float | None = None) -> str:
     """The planner's prediction for this exact plan (grpo_lab.jobs.planner.forecast_plan), as
-    shell comments: the dry run's lines stay a script `bash -n` accepts."""
+    shell comments: the dry run's lines stay a script `bash -n` accepts. `mount_lag_s`: the
+    preflight's measured lag, in place of the blog's."""
     from ..jobs.planner import forecast_plan
 
     try:
-        text = forecast_plan(config).describe()
+        text = forecast_plan(config, mount_lag_s=mount_lag_s).describe()
         if extra:
             text += "\n(trainer arguments given after `--`: simulated with the blog's settings)"
     except (ValueError, KeyError) as exc:  # a model or flavor the planner does not know
@@ -142,6 +143,9 @@ def _launch(args: argparse.Namespace) -> int:
             print("grpo-lab launch: a preflight check failed; the recipe's jobs were not started",
                   file=sys.stderr)
             return 1
+        if report.sync_lag_s is not None and plan.backend == "hf-jobs" and \
+                is_gpu_flavor(plan["trainer"].flavor):  # the forecast with the measured lag
+            print(_forecast_lines(config, extra, mount_lag_s=report.sync_lag_s), flush=True)
         if args.preflight_only:
             return 0
     if plan.backend == "hf-jobs":

@@ -4,6 +4,7 @@
     grpo-lab plan --preset blog                     the blog's run: h200 replicas, h200x2 trainer
     grpo-lab plan --model qwen2.5-0.5b --single-gpu --deadline-h 2
     grpo-lab plan --params 7e9 --budget-usd 100 --json
+    grpo-lab plan --preset blog --mount-lag-s 31      a preflight's measured mount lag
 
 It prints the recommendation (flavors, replicas, in-flight cap, token budget, max_staleness),
 the predicted step time, wall clock, cost and bottleneck, and the memory check.
@@ -22,6 +23,13 @@ PRESET_FLAVORS = {"blog": ("h200", "h200x2")}
 
 def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return value
 
 
 def add_parser(sub) -> None:
@@ -55,6 +63,10 @@ def add_parser(sub) -> None:
                            "size: a replica job and a trainer job, never one shared GPU)")
     plan.add_argument("--max-completion-tokens", type=int, default=3000,
                       help="longest completion (the blog's 3,000)")
+    plan.add_argument("--mount-lag-s", type=_seconds, default=None,
+                      help="the bucket mount's lag from a write in one job to its visibility in "
+                           "another's, as `grpo-lab launch --preflight` measures it (default: "
+                           "the blog's 2-4 s): the weight sync's load retries follow it")
     plan.add_argument("--refresh", default=False, **BOOL_FLAG,
                       help="prices from the Hub (HfApi.list_jobs_hardware); offline, the "
                            "committed table")
@@ -82,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
     forecast = plan_run(model, steps=args.steps, budget_usd=args.budget_usd,
                         deadline_h=args.deadline_h, flavors_table=table,
                         replica_flavors=replica_flavors, trainer_flavors=trainer_flavors,
-                        replica_counts=counts, max_completion_tokens=args.max_completion_tokens)
+                        replica_counts=counts, max_completion_tokens=args.max_completion_tokens,
+                        mount_lag_s=args.mount_lag_s)
     own = None
     if args.preset:  # the preset's own plan, as `grpo-lab launch --preset NAME` submits it
         own = forecast_plan(preset_config(args.preset,
                                           max_completion_length=args.max_completion_tokens),
-                            {"steps": args.steps}, table)
+                            {"steps": args.steps}, table, mount_lag_s=args.mount_lag_s)
     if args.json:
         out = {"recommendation": forecast.to_dict(), "prices": f"{PRICES_SOURCE}, {PRICES_COPIED}"}
         if own:

@@ -78,9 +78,13 @@ class RunForecast:
     """grpo_lab.jobs.simulator.summarize's figures."""
     rejected: list[str] = field(default_factory=list)
     """Why other plans lost, a line each."""
+    mount_lag_s: float | None = None
+    """The mount lag simulated: a preflight's measurement, or None for the blog's 2-4 s."""
 
     def describe(self) -> str:
         s, fwd_bwd = self.setting, self.summary.get("fwd_bwd_s_p50", float("nan"))
+        lag = ("2-4 s (the blog's)" if self.mount_lag_s is None else
+               f"{self.mount_lag_s:.2f} s (measured by a preflight)")
         return "\n".join([
             f"{self.model} ({self.parameters / 1e9:.2f} B parameters), {s.steps} steps",
             f"  replicas      {self.replicas} x {self.replica_flavor}   trainer "
@@ -90,6 +94,8 @@ class RunForecast:
             f"{str(s.gradient_checkpointing).lower()}",
             f"  step time     {self.step_s:.1f} s p50 (forward+backward {fwd_bwd:.1f} s); "
             f"bottleneck: {self.bottleneck}",
+            f"  weight sync   {self.summary.get('weight_sync_s_p50', float('nan')):.1f} s p50 "
+            f"every {s.weight_sync_steps} steps; mount lag {lag}",
             f"  wall clock    {_hours(self.wall_clock_s)} ({STARTUP_S / 60:.0f} min start-up in)",
             f"  cost          ${self.cost_usd:,.2f} (${self.hourly_usd:.2f}/h)",
             f"  memory check  trainer {self.trainer_memory_gib:.1f} of {self.trainer_limit_gib:.1f}"
@@ -115,6 +121,8 @@ class _Search:
     gpu_memory_utilization: float
     lora_rank: int
     sync_s: float | None
+    mount_lag_s: float | None = None
+    """A preflight's measured mount lag (grpo_lab.jobs.preflight): the sync's load retries."""
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -139,7 +147,7 @@ class _Search:
                           trainer_peak_flops=trainer.peak_flops,
                           replica_memory_bandwidth=replica.memory_bandwidth,
                           replica_peak_flops=replica.peak_flops, sync_s=self.sync_s,
-                          base=blog_costs())
+                          mount_lag_s=self.mount_lag_s, base=blog_costs())
         summary = dict(_summary(setting, costs, steps))
         wall = summary["wall_clock_s"] * setting.steps / steps + STARTUP_S
         hourly = replicas * (replica.hourly_usd + EXPOSED_PORT_USD_PER_H) + trainer.hourly_usd
@@ -153,7 +161,7 @@ class _Search:
             trainer_limit_gib=trainer_limit(trainer.gpu_memory_gib),
             replica_memory_gib=self.replica_gib(replicas, setting.max_inflight),
             replica_limit_gib=replica.gpu_memory_gib * self.gpu_memory_utilization,
-            summary=summary)
+            summary=summary, mount_lag_s=self.mount_lag_s)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,12 +184,15 @@ def plan_run(model, *, steps: int = 500, budget_usd: float | None = None,
              replica_flavors=None, trainer_flavors=None, replica_counts=REPLICA_COUNTS,
              inflight_caps=INFLIGHT_CAPS, staleness=STALENESS,
              gpu_memory_utilization: float = 0.85, lora_rank: int = 1,
-             sync_s: float | None = None, **settings) -> RunForecast:
+             sync_s: float | None = None, mount_lag_s: float | None = None,
+             **settings) -> RunForecast:
     """The plan to run: the cheapest that ends within `deadline_h`, else the fastest that costs
     at most `budget_usd`, else the cheapest (module docstring). `replica_flavors` and
     `trainer_flavors` (names) narrow the flavors; `settings` replace PipelineSetting fields
     (`prompts_per_step`, `num_generations`, `max_completion_tokens`, `weight_sync_steps`, ...).
-    Raises ValueError, naming the fix, when nothing fits."""
+    `mount_lag_s`: the bucket mount's lag measured by a preflight (`grpo-lab launch
+    --preflight`), in place of the blog's 2-4 s. Raises ValueError, naming the fix, when
+    nothing fits."""
     table = flavors_table or flavors()
     replica_pool = [flavor(n, table) for n in replica_flavors or [
         f.name for f in table.values() if f.gpus == 1]]  # `vllm serve` on one GPU, as planned
@@ -190,7 +201,8 @@ def plan_run(model, *, steps: int = 500, budget_usd: float | None = None,
     if not trainer_pool:
         raise ValueError(f"no trainer flavor computes in bfloat16 among {trainer_flavors}")
     base = replace(blog_setting(5), steps=steps, **settings)
-    search = _Search(model_shape(model), base, gpu_memory_utilization, lora_rank, sync_s)
+    search = _Search(model_shape(model), base, gpu_memory_utilization, lora_rank, sync_s,
+                     mount_lag_s)
 
     # 1. memory: each trainer flavor's largest token budget; the caps each replica count holds
     budgets = {t.name: search.token_budget(t) for t in trainer_pool}
@@ -326,9 +338,11 @@ def _losers(candidates, best, budget_usd, deadline_h) -> list[str]:
 
 
 def forecast_plan(config: RecipeConfig, training: dict | None = None,
-                  flavors_table: dict[str, Flavor] | None = None) -> RunForecast:
+                  flavors_table: dict[str, Flavor] | None = None,
+                  mount_lag_s: float | None = None) -> RunForecast:
     """The forecast of one exact plan (grpo_lab.jobs.plan's RecipeConfig on GPU flavors, the
-    trainer's settings from `training`, default BLOG_TRAINING): no search."""
+    trainer's settings from `training`, default BLOG_TRAINING): no search. `mount_lag_s`: a
+    preflight's measured mount lag (plan_run)."""
     training = {**BLOG_TRAINING, **(training or {})}
     table = flavors_table or flavors()
     replica = flavor(config.replica_flavor or "h200", table)
@@ -340,7 +354,7 @@ def forecast_plan(config: RecipeConfig, training: dict | None = None,
                           "max_inflight", "buffer_size", "token_budget", "prompts_per_step",
                           "gradient_checkpointing", "num_generations", "weight_sync_steps")})
     search = _Search(model_shape(config.base_model or HF_BLOG_MODEL), setting,
-                     config.gpu_memory_utilization, config.lora_rank, None)
+                     config.gpu_memory_utilization, config.lora_rank, None, mount_lag_s)
     f = search.forecast(replica, config.replicas, trainer, setting, setting.steps)
     f.rejected = [why for why, over in (
         ("the trainer's step does not fit its GPU: lower token_budget",

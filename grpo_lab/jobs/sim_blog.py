@@ -139,12 +139,15 @@ def blog_costs() -> StageCosts:
 
 def costs_for(*, model_params: int, trainer_gpus: int, trainer_peak_flops: float,
               replica_memory_bandwidth: float, replica_peak_flops: float,
-              sync_s: float | None = None, base: StageCosts | None = None) -> StageCosts:
+              sync_s: float | None = None, mount_lag_s: float | None = None,
+              base: StageCosts | None = None) -> StageCosts:
     """`base`'s (default blog_costs()) efficiencies carried to another model and GPUs: what
     reads the weights or KV cache scales with parameters over bandwidth, what computes with
     parameters over peak FLOP/s; fixed overheads (a micro-batch's launches, the engine's step,
-    the sync's stages) stay. `sync_s`: a measured whole sync (e.g. a preflight's), replacing
-    base's pause + save + mount lag + load."""
+    the sync's stages) stay. `sync_s`: a measured whole sync, replacing base's pause + save +
+    mount lag + load. `mount_lag_s`: a measured lag from a write in one job to its visibility in
+    another's mount (a preflight's `sync_lag_s`), replacing base's range (the blog's 2-4 s): the
+    replicas' load retries follow it."""
     base = base or blog_costs()
     size = model_params / BLOG_MODEL["params"]
     read = size * H200["memory_bandwidth"] / replica_memory_bandwidth
@@ -161,4 +164,8 @@ def costs_for(*, model_params: int, trainer_gpus: int, trainer_peak_flops: float
     if sync_s is not None:
         fixed = costs.sync_pause_s + costs.sync_save_s + costs.sync_other_s
         costs = replace(costs, mount_lag_s=(0.0, 0.0), sync_load_s=max(0.0, sync_s - fixed))
+    elif mount_lag_s is not None:
+        if mount_lag_s < 0:
+            raise ValueError(f"mount_lag_s must be >= 0 seconds, got {mount_lag_s}")
+        costs = replace(costs, mount_lag_s=(mount_lag_s, mount_lag_s))
     return costs
