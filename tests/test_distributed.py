@@ -41,9 +41,23 @@ def run(command: list[str], timeout: int) -> subprocess.CompletedProcess:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
         if p and "site-packages" not in p)
+    # A process that dies of a signal prints its Python stacks (torchrun's summary says only
+    # "Signal 6 received")
+    env["PYTHONFAULTHANDLER"] = "1"
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    assert result.returncode == 0, (result.stdout[-2000:], failure_lines(result.stderr))
     return result
+
+
+CAUSES = ("Error", "error:", "terminate", "Fatal", "abort", "Signal", "Traceback", "File \"",
+          "Thread 0x", "Current thread")
+
+
+def failure_lines(stderr: str, most: int = 60) -> str:
+    """The lines of a failed launch's stderr that say why (its tail is torchrun's summary and
+    progress bars): tracebacks, C++ aborts and faulthandler's stacks, the last `most`."""
+    lines = [line[:300] for line in stderr.splitlines() if any(c in line for c in CAUSES)]
+    return "\n".join(lines[-most:]) or stderr[-4000:]
 
 
 def test_two_processes_take_the_step_of_one(tiny_model_dir, tmp_path):

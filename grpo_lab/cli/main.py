@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = ("demo", "train", "build-model", "serve", "proxy", "launch", "train-async",
@@ -47,11 +48,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _end_launched_processes() -> None:
+    """Several processes (`accelerate launch`): all done, then their group closed. Only a
+    command that imported torch.distributed can have started one (the CLI starts fast)."""
+    if "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from ..train.distributed import end_launched_processes
+
+        end_launched_processes()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        _end_launched_processes()
+        return code
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"grpo-lab: error: {exc}", file=sys.stderr)
         return 2

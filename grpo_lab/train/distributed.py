@@ -31,6 +31,17 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def end_launched_processes() -> None:
+    """Under `accelerate launch`: wait for every process, then close the process group, so that
+    no process tears its connections down while another still uses them at exit (gloo aborts a
+    process whose peer vanished mid-read). No-op with one process."""
+    import torch.distributed as dist
+
+    if launched_processes() > 1 and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 class FullWeights:
     """An FSDP2 model's full state dict, gathered from every process, that saves like the model
     (`save_pretrained`): what the main process publishes and checkpoints."""
