@@ -172,5 +172,5 @@ def test_the_measured_mount_lag_feeds_the_forecast(tmp_path, monkeypatch, capsys
     assert code == 0 and reports[0].ok, out
     lag = reports[0].sync_lag_s
     assert LAG_S <= lag < LAG_S + LAG_SLACK_S
-    assert f"# forecast (grpo-lab plan's simulator" in out
+    assert "# forecast (grpo-lab plan's simulator" in out
     assert f"mount lag {lag:.2f} s (measured by a preflight)" in out
