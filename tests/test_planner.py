@@ -163,3 +163,23 @@ def test_a_measured_mount_lag_sets_the_weight_sync_and_the_bill(capsys):
     assert "mount lag 30.00 s (measured by a preflight)" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # a negative lag is refused by the parser
         main(["plan", "--preset", "blog", "--mount-lag-s", "-1"])
+
+
+def test_the_recipe_settings_reach_the_simulated_plan(capsys):
+    """`--prompts-per-step`, `--num-generations`, `--weight-sync-steps`: the simulated setting
+    takes them, and twice the samples per step make a slower step; bad values are refused."""
+    assert main(["plan", "--preset", "blog", "--replicas", "2", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)["preset_blog"]
+    assert main(["plan", "--preset", "blog", "--replicas", "2", "--json", "--prompts-per-step",
+                 "32", "--weight-sync-steps", "8", "--num-generations", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for plan in (out["recommendation"], out["preset_blog"]):
+        setting = plan["setting"]
+        assert (setting["prompts_per_step"], setting["num_generations"],
+                setting["weight_sync_steps"]) == (32, 4, 8)
+    assert main(["plan", "--preset", "blog", "--replicas", "2", "--json",
+                 "--prompts-per-step", "32"]) == 0
+    bigger = json.loads(capsys.readouterr().out)["preset_blog"]
+    assert bigger["step_s"] > base["step_s"] * 1.3  # 256 samples a step against 128
+    with pytest.raises(SystemExit):
+        main(["plan", "--prompts-per-step", "0"])

@@ -19,6 +19,8 @@ from .flags import BOOL_FLAG
 
 PRESET_FLAVORS = {"blog": ("h200", "h200x2")}
 """--preset NAME: its replica and trainer flavors (grpo_lab.jobs.blog.PRESETS)."""
+RECIPE_FLAGS = ("prompts_per_step", "num_generations", "weight_sync_steps")
+"""The recipe's settings `grpo-lab plan` takes (PipelineSetting fields; the blog's by default)."""
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -29,6 +31,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
 
 
@@ -63,6 +72,12 @@ def add_parser(sub) -> None:
                            "size: a replica job and a trainer job, never one shared GPU)")
     plan.add_argument("--max-completion-tokens", type=int, default=3000,
                       help="longest completion (the blog's 3,000)")
+    plan.add_argument("--prompts-per-step", type=_positive, default=None,
+                      help="prompts per optimizer step (the blog's: 16)")
+    plan.add_argument("--num-generations", type=_positive, default=None,
+                      help="completions per prompt, G (the blog's: 8)")
+    plan.add_argument("--weight-sync-steps", type=_positive, default=None,
+                      help="steps between adapter publishes (the blog's: 4)")
     plan.add_argument("--mount-lag-s", type=_seconds, default=None,
                       help="the bucket mount's lag from a write in one job to its visibility in "
                            "another's, as `grpo-lab launch --preflight` measures it (default: "
@@ -91,16 +106,17 @@ def run(args: argparse.Namespace) -> int:
         counts = (1,)
         trainer_flavors = trainer_flavors or [f.name for f in table.values() if f.gpus == 1]
     model = args.params if args.params is not None else (args.model or HF_BLOG_MODEL)
+    recipe = {name: getattr(args, name) for name in RECIPE_FLAGS if getattr(args, name)}
     forecast = plan_run(model, steps=args.steps, budget_usd=args.budget_usd,
                         deadline_h=args.deadline_h, flavors_table=table,
                         replica_flavors=replica_flavors, trainer_flavors=trainer_flavors,
                         replica_counts=counts, max_completion_tokens=args.max_completion_tokens,
-                        mount_lag_s=args.mount_lag_s)
+                        mount_lag_s=args.mount_lag_s, **recipe)
     own = None
     if args.preset:  # the preset's own plan, as `grpo-lab launch --preset NAME` submits it
         own = forecast_plan(preset_config(args.preset,
                                           max_completion_length=args.max_completion_tokens),
-                            {"steps": args.steps}, table, mount_lag_s=args.mount_lag_s)
+                            {"steps": args.steps, **recipe}, table, mount_lag_s=args.mount_lag_s)
     if args.json:
         out = {"recommendation": forecast.to_dict(), "prices": f"{PRICES_SOURCE}, {PRICES_COPIED}"}
         if own:
