@@ -183,3 +183,24 @@ def test_shared_cores_slow_the_trainer_and_replicas_only_when_oversubscribed():
     one = replace(setting, replicas=1)
     assert simulate(one, replace(alone, cores=2))[-1]["time_s"] == pytest.approx(
         simulate(one, alone)[-1]["time_s"], rel=1e-9)
+
+
+def test_the_prefix_cache_saves_a_groups_later_prefills(blog):
+    """A prompt's G completions are G requests: the first prefills the prompt, the other G - 1
+    find it cached on the group's replica (all but a block's tail): a hit rate under (G - 1) / G.
+    A request the proxy spills to a less loaded replica prefills again: one replica, which never
+    spills, keeps the most."""
+    costs, runs = blog
+    setting, records = runs[1]
+    G = setting.num_generations
+    rate = summarize(records, setting)["prefix_cache_hit_rate"]
+    alone = replace(setting, replicas=1)
+    one = summarize(simulate(alone, costs, steps=20), alone)["prefix_cache_hit_rate"]
+    tail = costs.prefix_tail_tokens / setting.prompt_tokens
+    assert (G - 1) / G * (1 - 2 * tail) < one <= (G - 1) / G, one
+    assert 0.7 < rate <= one, (rate, one)
+    assert all(r["rollout/prefix_cache_hits"] <= r["rollout/prefix_cache_queries"]
+               for r in records)
+    pairs = replace(setting, num_generations=2)
+    fewer = summarize(simulate(pairs, costs, steps=20), pairs)["prefix_cache_hit_rate"]
+    assert fewer <= 0.5 < rate  # one completion of two reuses the prompt

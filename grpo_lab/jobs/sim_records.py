@@ -37,6 +37,10 @@ def step_record(sim, sync_seconds: float) -> dict:
         "rollout/version_wait_s": c["version_wait"],
         "rollout/generated_tok_s_busy": c["tokens"] / max(step_s - held_back, 1e-9),
         "rollout/inflight_max": c["inflight_max"],
+        # the replicas' prefix cache (vLLM's prefix_cache_queries / _hits, in prompt tokens): a
+        # prompt's later completions, and a group routed back to its replica, skip its prefill
+        "rollout/prefix_cache_queries": c["cache_queries"],
+        "rollout/prefix_cache_hits": c["cache_hits"],
         "sample/rollout_queue_size": sim.queue_seen * G,
         "sample/rollout_queue_maxsize": s.buffer_size * G,
         "sample/dropped_stale_total": c["dropped"],
@@ -116,6 +120,8 @@ def summarize(records: list[dict], setting=None, *, idle: float = 0.05) -> dict:
         "samples_per_row": p50("batch/samples_per_row"),
         "row_fill_frac": p50("batch/row_fill_frac"),
         "mfu": p50("perf/mfu_fwd_bwd"),
+        "prefix_cache_hit_rate": sum(r.get("rollout/prefix_cache_hits", 0) for r in records)
+        / max(sum(r.get("rollout/prefix_cache_queries", 0) for r in records), 1),
         "wait_share": wait_share,
         "bottleneck": bottleneck,
     }

@@ -78,7 +78,7 @@ class Simulation:
         self.step_start = 0.0
         self.queue_seen = 0
         self.c = dict(backpressure=0.0, version_wait=0.0, tokens=0, dropped=0, inflight_max=0,
-                      wait=0.0)
+                      wait=0.0, cache_queries=0, cache_hits=0)
         self.proxy = setting.replicas > 1 if setting.proxy is None else setting.proxy
         self.speed, self.training, self.ticket = 1.0, False, 0  # cores shared: reshare
 
@@ -138,6 +138,8 @@ class Simulation:
         rep.advance(self.now)
         for i, seq in enumerate(request):  # a prompt's later completions hit its prefix cache
             seq.prefill = self.costs.prefix_tail_tokens if (cached or i) else seq.prompt
+            self.c["cache_queries"] += seq.prompt  # vLLM's prefix cache counts prompt tokens
+            self.c["cache_hits"] += max(seq.prompt - seq.prefill, 0)
             seq.request = request
             if len(rep.running) < self.costs.max_num_seqs:
                 rep.admit(self.now, seq)
@@ -310,7 +312,8 @@ class Simulation:
                 setattr(self, since, self.now)
         record = step_record(self, sync_seconds)
         self.records.append(record)
-        for name in ("backpressure", "version_wait", "tokens", "dropped", "wait"):
+        for name in ("backpressure", "version_wait", "tokens", "dropped", "wait", "cache_queries",
+                     "cache_hits"):
             c[name] = 0.0 if isinstance(c[name], float) else 0
         c["inflight_max"] = self.inflight
         self.step_start = self.now

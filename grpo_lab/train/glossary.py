@@ -151,6 +151,12 @@ METRICS: dict[str, str] = {
     "rollout/inflight_max": "most generation requests in flight at once since the last step "
                         "(generators over HTTP only; a request is a prompt's G completions, "
                         "or one completion with request_shape 'single')",
+    "rollout/prefix_cache_queries": "prompt tokens the replicas looked up in their prefix cache "
+                                    "since the last step (vLLM's prefix_cache_queries; logged "
+                                    "by the pipeline simulator)",
+    "rollout/prefix_cache_hits": "of those, tokens found cached, whose prefill was skipped: a "
+                                 "prompt's later completions, a group routed back to its replica "
+                                 "(vLLM's prefix_cache_hits; logged by the pipeline simulator)",
     "sample/rollout_queue_size": "completions in the buffer (G per group) when the trainer came "
                                  "for its batch",
     "sample/rollout_queue_maxsize": "the buffer's bound in completions (buffer_size x G)",
