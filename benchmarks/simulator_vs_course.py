@@ -1,4 +1,5 @@
-"""Check the pipeline simulator against this machine's own runs: notebook 08's five knob runs.
+"""Check the pipeline simulator against this machine's own runs: notebook 08's five knob runs
+and the demo (`grpo-lab demo --jobs local`).
 
     OMP_NUM_THREADS=1 python benchmarks/simulator_vs_course.py   # ~3 minutes on 2 cores
     python benchmarks/simulator_vs_course.py --runs saved.json    # re-use saved runs
@@ -18,7 +19,10 @@ overhead), and the trainer, the replicas and the proxy share the machine's cores
 (StageCosts.cores: each busy single-thread process gets cores / busy of a core). The other four
 runs are predicted with grpo_lab.jobs.simulator (worker "batch": grpo_lab's admission rule) and
 compared over notebook 08's window: step time, rollout wait, queue size and what both sides
-have; goal within 20 %. Results go to benchmarks/results/simulator_vs_course.json.
+have; goal within 20 %. Then the demo runs as a newcomer's `make demo` does (its own replicas,
+proxy and trainer job: 16 prompts x 8, a row per group with its prompt once, a sync every step)
+and is predicted from the same calibration, over its last WINDOW steps (`--no-demo` skips it).
+Results go to benchmarks/results/simulator_vs_course.json.
 """
 
 from __future__ import annotations
@@ -164,6 +168,26 @@ def run_for_real() -> dict:
     return out
 
 
+def run_demo() -> dict:
+    """`grpo-lab demo --jobs local` as `make demo` runs it: its trainer's records and settings."""
+    from grpo_lab.cli.main import main as grpo_lab_main
+    from grpo_lab.cli.multi_job import RUN_NAME
+
+    run_dir = Path(tempfile.mkdtemp(prefix="grpo-lab-sim-demo-")) / "demo"
+    start = time.perf_counter()
+    if grpo_lab_main(["demo", "--output-dir", str(run_dir), "--progress", "false"]) != 0:
+        raise RuntimeError(f"the demo failed: {run_dir}")
+    trainer = run_dir / "bucket" / RUN_NAME
+    records = [json.loads(line) for line in (trainer / "metrics.jsonl").read_text().splitlines()]
+    config = json.loads((trainer / "config.json").read_text())
+    knobs = {"replicas": 2, "max_inflight": None, "request_shape": "group",  # the demo's
+             **{k: config[k] for k in ("token_budget", "weight_sync_steps", "max_staleness",
+                                       "prompts_per_step", "num_generations", "shared_prompt",
+                                       "buffer_size")}}
+    return dict(knobs=knobs, records=[r for r in records if r.get("step", 0) > 0],
+                seconds=time.perf_counter() - start)
+
+
 def window_means(records: list[dict]) -> dict:
     rows = records[-WINDOW:]
     return {name: statistics.fmean(r.get(key, 0.0) for r in rows)
@@ -175,9 +199,12 @@ def course_setting(run: dict) -> PipelineSetting:
     knobs, records = run["knobs"], run["records"]
     completion = statistics.fmean(r["completions/mean_length"] for r in records)
     sample = statistics.fmean(r["sample/forwarded_tokens_mean"] for r in records)
+    prompts = knobs.get("prompts_per_step", 32)  # notebook 08's runs: 32 x 4, a row a sample
     return PipelineSetting(
-        replicas=knobs["replicas"], max_inflight=knobs["max_inflight"], prompts_per_step=32,
-        num_generations=4, max_staleness=knobs["max_staleness"], buffer_size=32,
+        replicas=knobs["replicas"], max_inflight=knobs["max_inflight"], prompts_per_step=prompts,
+        num_generations=knobs.get("num_generations", 4), max_staleness=knobs["max_staleness"],
+        buffer_size=knobs.get("buffer_size") or prompts,
+        shared_prompt=knobs.get("shared_prompt", False),
         token_budget=knobs["token_budget"], micro_batch_size=128, packing=False,
         gradient_checkpointing=False, weight_sync_steps=knobs["weight_sync_steps"],
         steps=len(records), prompt_tokens=round(sample - completion),
@@ -238,6 +265,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", help="JSON of saved runs (this script's `measured`) to reuse")
     parser.add_argument("--calibrate", default="r2-token-budget")
+    parser.add_argument("--no-demo", action="store_true", help="notebook 08's runs only")
     parser.add_argument("--machine", help="a results JSON whose machine_prior to reuse")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"
                                              / "simulator_vs_course.json"))
@@ -248,6 +276,9 @@ def main() -> None:
     print(f"machine prior: a pass {machine['pass_fixed_s'] * 1e3:.1f} ms + "
           f"{machine['pass_token_s'] * 1e6:.1f} us a token", flush=True)
     measured = json.loads(Path(args.runs).read_text()) if args.runs else run_for_real()
+    if not args.no_demo and "demo" not in measured:
+        measured["demo"] = run_demo()
+        print(f"demo: {measured['demo']['seconds']:.1f} s", flush=True)
     for name, run in measured.items():
         run["name"] = name
     costs = course_costs(measured[args.calibrate], machine)

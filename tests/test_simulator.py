@@ -204,3 +204,21 @@ def test_the_prefix_cache_saves_a_groups_later_prefills(blog):
     pairs = replace(setting, num_generations=2)
     fewer = summarize(simulate(pairs, costs, steps=20), pairs)["prefix_cache_hit_rate"]
     assert fewer <= 0.5 < rate  # one completion of two reuses the prompt
+
+
+def test_a_shared_prompt_row_forwards_each_prompt_once():
+    """grpo_lab's shared_prompt layout (the demo's): a row per group, its prompt once, then its
+    G completions; a row a pass here, so nothing is padded: the step forwards G - 1 prompts a
+    group fewer than a row per sample, in G times fewer passes."""
+    costs = blog_costs()
+    base = replace(blog_setting(1), micro_batch_size=1, token_budget=None, steps=6)
+    apart, shared = (simulate(replace(base, shared_prompt=sp), costs, seed=0)
+                     for sp in (False, True))
+    G = base.num_generations
+    for a, s in zip(apart, shared):
+        assert s["batch/microbatches_per_step"] * G == a["batch/microbatches_per_step"]
+        # the same samples (same seed): the prompts forwarded are the whole difference
+        prompts = a["batch/forwarded_tokens_per_step"] - a["batch/trained_tokens_per_step"]
+        assert s["batch/forwarded_tokens_per_step"] == pytest.approx(
+            a["batch/trained_tokens_per_step"] + prompts / G)
+        assert s["perf/fwd_bwd_s"] < a["perf/fwd_bwd_s"]

@@ -47,6 +47,9 @@ class PipelineSetting:
     packing: bool = True
     """With a token budget: pack samples into padding-free rows of `token_budget` (TRL's, one
     row per micro-batch); False: grpo_lab's padded micro-batches (longest first)."""
+    shared_prompt: bool = False
+    """grpo_lab's `shared_prompt` layout: a row per group, its prompt forwarded once, then its G
+    completions (grpo_lab.train.shared_prompt); False: a row per sample (TRL's)."""
     request_shape: str = "single"
     """"single": G requests of n = 1 per prompt (TRL's); "group": one request of n = G."""
     worker: str = "stream"

@@ -239,7 +239,10 @@ class Simulation:
     def train(self, groups: list[Group]) -> None:
         s, costs = self.s, self.costs
         samples = [(g.prompt, n) for g in groups for n in g.lengths]
-        shares = [samples[k::costs.trainer_gpus] for k in range(costs.trainer_gpus)]
+        rows = samples
+        if s.shared_prompt:  # a row per group: the prompt once, then its G completions
+            rows = [(g.prompt + sum(g.lengths), 0) for g in groups]
+        shares = [rows[k::costs.trainer_gpus] for k in range(costs.trainer_gpus)]
         layouts = [micro_batches(share, s) for share in shares if share]
         fwd_bwd = max(fwd_bwd_s(costs, s, mbs) for mbs in layouts)
         passes = max(len(mbs) for mbs in layouts)
