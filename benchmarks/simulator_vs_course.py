@@ -130,7 +130,10 @@ def measure_machine(samples=(1, 128), split=16, repeats=5, prompt_tokens=7,
 NOTES = [
     "r1: one scale for a pass's fixed and per-token parts does not hold: in the live runs a "
     "1-sample pass ran ~1.4x its micro-benchmark time, r2's 128-sample pass 2.6-3.4x, so "
-    "r2's scale overshoots r1 (+140 %); its version wait follows its step",
+    "r2's scale overshoots r1 (+110 to +140 %); its version wait follows its step",
+    "demo: predicted from r2 (other settings: 16 x 8, a row per group, two replicas); its "
+    "version wait, tens of milliseconds, is overstated from r2's replica time per request "
+    "(one request in flight there, a whole step's in the demo)",
     "run-to-run noise on this shared 2-core machine exceeds the 20 % goal for fwd+bwd: r2's "
     "pass measured 0.263 s in one invocation and 0.375 s in the next, r3's 0.375 then 0.293 "
     "(below r2's, with more processes); r4's 0.384 then 0.261",
