@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 COMMANDS = ("demo", "train", "build-model", "serve", "proxy", "launch", "train-async",
@@ -50,8 +49,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _end_launched_processes() -> None:
     """Several processes (`accelerate launch`): all done, then their group closed. Only a
-    command that imported torch.distributed can have started one (the CLI starts fast)."""
-    if "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    command that imported torch.distributed can have started one (the CLI starts fast);
+    end_launched_processes checks the launch itself."""
+    if "torch.distributed" in sys.modules:
         from ..train.distributed import end_launched_processes
 
         end_launched_processes()
