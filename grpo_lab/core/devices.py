@@ -12,6 +12,9 @@ difference of two log-probabilities, and bfloat16 keeps only ~3 significant digi
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,3 +61,37 @@ def cap_gpu_memory(device: str, fraction: float | None) -> None:
     if fraction and device.startswith("cuda"):
         # an index, or None: the current device (torch.device("cuda") itself is refused)
         torch.cuda.set_per_process_memory_fraction(float(fraction), torch.device(device).index)
+
+
+KERNEL_LEVELS = ("default", "avx2", "avx512")
+"""ATEN_CPU_CAPABILITY's values on x86: PyTorch's CPU kernel level (none = the best this processor
+has)."""
+
+
+def compile_cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """torch.compile's kernel cache for a process started with `env` (default: this one's): a
+    folder per CPU kernel level inside Inductor's own (TORCHINDUCTOR_CACHE_DIR, else
+    /tmp/torchinductor_<user>).
+
+    Inductor keeps the C++ it generates on disk, and its cache key misses the vector width that
+    ATEN_CPU_CAPABILITY picks. Measured with torch 2.13 on an AVX-512 machine: vLLM's sampler,
+    compiled once under ATEN_CPU_CAPABILITY=avx2 (8 floats a vector), was reused by a server
+    without it, built for 16 floats a vector; it wrote past its buffers and the engine aborted
+    (`free(): invalid next size`). The other way round, a loop would skip half its vector."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    env = os.environ if env is None else env
+    forced = env.get("ATEN_CPU_CAPABILITY", "").lower()
+    level = forced if forced in KERNEL_LEVELS else native_kernel_level()
+    base = env.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    return os.path.join(base, f"kernels-{level}")
+
+
+def native_kernel_level() -> str:
+    """The CPU kernel level PyTorch picks on this processor when nothing forces one (whatever
+    ATEN_CPU_CAPABILITY says in this process): avx512, avx2, or what torch reports elsewhere."""
+    if torch.cpu._is_avx512_supported():  # the processor's flags, not the forced level
+        return "avx512"
+    if torch.cpu._is_avx2_supported():
+        return "avx2"
+    return torch.backends.cpu.get_cpu_capability().lower()

@@ -13,8 +13,10 @@ import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Mapping
 
 from ..core.argv import flag_args
+from ..core.devices import compile_cache_dir
 from ..core.processes import free_port
 from .process import ServerProcess, spawn_until_ready
 
@@ -88,10 +90,14 @@ def vllm_cpu_args(model: str, host: str, port: int, *, served_model_name: str | 
 
 
 def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
-                 dev_mode: bool = True, runtime_lora_updating: bool = True) -> dict[str, str]:
-    """Environment of a CPU replica: vLLM's gates for the recipe's routes, its KV cache size,
-    and one unbound thread (two processes with default threads on 2 cores slow each other ~100x)."""
-    return {"VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
+                 dev_mode: bool = True, runtime_lora_updating: bool = True,
+                 base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a CPU replica started from `base_env` (default: this process's): vLLM's
+    gates for the recipe's routes, its KV cache size, one unbound thread (two processes with
+    default threads on 2 cores slow each other ~100x), and a torch.compile cache of the kernel
+    level's own (vLLM compiles its sampler; grpo_lab.core.devices.compile_cache_dir says why)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": compile_cache_dir(base_env),
+            "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
@@ -127,9 +133,11 @@ def start_vllm_process(
     if not port:  # a port nobody listens on now (the OS picks it)
         port = free_port(host)
     args = vllm_cpu_args(model, host, port, **flags)
-    proc_env = {**os.environ, **vllm_cpu_env(threads, dev_mode=dev_mode,
-                                             runtime_lora_updating=runtime_lora_updating),
-                **(env or {})}
+    base_env = {**os.environ, **(env or {})}  # `env` wins, but its compile cache is per level
+    replica_env = vllm_cpu_env(threads, dev_mode=dev_mode,
+                               runtime_lora_updating=runtime_lora_updating, base_env=base_env)
+    proc_env = {**os.environ, **replica_env, **(env or {}),
+                "TORCHINDUCTOR_CACHE_DIR": replica_env["TORCHINDUCTOR_CACHE_DIR"]}
     return spawn_until_ready(args, proc_env, url=f"http://{host}:{port}", ready_path="/health",
                              what="vLLM server", log_path=log_path,
                              startup_timeout_s=startup_timeout_s, api_key=flags.get("api_key"))
