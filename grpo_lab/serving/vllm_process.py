@@ -16,7 +16,6 @@ import sys
 from collections.abc import Mapping
 
 from ..core.argv import flag_args
-from ..core.devices import compile_cache_dir
 from ..core.processes import free_port
 from .process import ServerProcess, spawn_until_ready
 
@@ -99,6 +98,8 @@ def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
     gates for the recipe's routes, its KV cache size, one unbound thread (two processes with
     default threads on 2 cores slow each other ~100x), and a torch.compile cache of the kernel
     level's own (vLLM compiles its sampler; grpo_lab.core.devices.compile_cache_dir says why)."""
+    from ..core.devices import compile_cache_dir  # imports torch: not at this module's import
+
     return {"TORCHINDUCTOR_CACHE_DIR": compile_cache_dir(base_env),
             "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1" if runtime_lora_updating else "0",
