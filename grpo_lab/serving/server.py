@@ -53,13 +53,12 @@ class InferenceServer:
         import torch
 
         from ..core.devices import cap_gpu_memory
-        from ..core.models import load_model_and_tokenizer
-        from ..core.tiny_model import tiny_model_path
+        from ..core.models import load_model_and_tokenizer, model_folder
 
         self.config = config
         if config.threads():  # asked for, or the CPU's 1; a GPU's process keeps torch's own
             torch.set_num_threads(config.threads())
-        path = str(tiny_model_path(progress=False)) if config.model == "tiny" else config.model
+        path = model_folder(config.model)
         self.device = config.torch_device()
         cap_gpu_memory(self.device, config.gpu_memory_utilization)  # replicas sharing a GPU
         if model is None:

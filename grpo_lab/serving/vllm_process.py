@@ -61,16 +61,10 @@ def vllm_available() -> bool:
 
 
 def local_model_path(model: str) -> str:
-    """A model as vLLM must be given it: grpo_lab's built models by folder, others as they are."""
-    if model == "tiny":
-        from ..core.tiny_model import tiny_model_path
+    """A model as vLLM must be given it: grpo_lab's own by folder, others as they are."""
+    from ..core.models import model_folder
 
-        return str(tiny_model_path(progress=False))
-    if model == "chat":
-        from ..core.chat_model import chat_model_path
-
-        return str(chat_model_path(progress=False))
-    return model
+    return model_folder(model)
 
 
 def vllm_cpu_args(model: str, host: str, port: int, *, served_model_name: str | None = None,

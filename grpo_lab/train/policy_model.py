@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..core.chat_model import chat_model_path
 from ..core.config import GRPOConfig
-from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+from ..core.models import model_folder
 
 
 def enable_activation_checkpointing(model) -> None:
@@ -22,13 +21,10 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def resolve_model_path(config: GRPOConfig):
-    """A model as transformers loads it: grpo_lab's built models by folder, others as given."""
-    if config.model == "tiny":
-        return tiny_model_path(TinyModelRecipe(task=config.task, difficulty=config.difficulty),
-                               progress=config.progress)
-    if config.model == "tiny-chat":  # the offline instruct-style model (notebook 09)
-        return chat_model_path(progress=config.progress)
-    return config.model
+    """A model as transformers loads it: grpo_lab's own by folder (grpo_lab.core.models), made
+    first if needed; others as given."""
+    return model_folder(config.model, task=config.task, difficulty=config.difficulty,
+                        progress=config.progress)
 
 
 def prepare_policy(model, config: GRPOConfig):
