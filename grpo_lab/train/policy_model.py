@@ -4,9 +4,10 @@ for training (LoRA on every linear layer, or full fine-tuning; activation checkp
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 from ..core.config import GRPOConfig
-from ..core.models import model_folder
+from ..core.models import MADE_MODELS, model_folder
 
 
 def enable_activation_checkpointing(model) -> None:
@@ -23,8 +24,9 @@ def enable_activation_checkpointing(model) -> None:
 def resolve_model_path(config: GRPOConfig):
     """A model as transformers loads it: grpo_lab's own by folder (grpo_lab.core.models), made
     first if needed; others as given."""
-    return model_folder(config.model, task=config.task, difficulty=config.difficulty,
-                        progress=config.progress)
+    folder = model_folder(config.model, task=config.task, difficulty=config.difficulty,
+                          progress=config.progress)
+    return Path(folder) if config.model in MADE_MODELS else config.model
 
 
 def prepare_policy(model, config: GRPOConfig):
