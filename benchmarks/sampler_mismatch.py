@@ -2,13 +2,17 @@
 
     python benchmarks/sampler_mismatch.py              # grpo-lab serve + vLLM fp32, bf16, fp16
     python benchmarks/sampler_mismatch.py --dtypes float32 --prompts 8
+    python benchmarks/sampler_mismatch.py --model smollm2-135m --prompts 8
+                                                       # the real model (its own results file)
 
-The tiny model with a random rank-1 LoRA adapter (the course's policy, notebook 05's
-`change_weights` scale) is served by real vLLM's CPU build once per dtype it offers here, and by
-`grpo-lab serve` (float32). Each engine samples the same seeded requests at T = 0.7 with processed
-logprobs and no top-k / top-p; the trainer (transformers + peft, float32, `policy_logprobs`)
-scores the SAME tokens. Two request shapes: `natural` (stop at EOS, the course's completions)
-and `long` (`ignore_eos`, 48 tokens: a sequence's ratio is a product over its tokens).
+The tiny model (or `--model smollm2-135m`, SmolLM2-135M-Instruct on the `sum_form` task's
+chat-templated prompts: a 49,152-token vocabulary) with a random rank-1 LoRA adapter (the
+course's policy, notebook 05's `change_weights` scale) is served by real vLLM's CPU build once
+per dtype it offers here, and by `grpo-lab serve` (float32). Each engine samples the same seeded
+requests at T = 0.7 with processed logprobs and no top-k / top-p; the trainer (transformers +
+peft, float32, `policy_logprobs`) scores the SAME tokens. Two request shapes: `natural` (stop at
+EOS, the course's completions) and `long` (`ignore_eos`, 48 tokens: a sequence's ratio is a
+product over its tokens).
 
 Reported per engine and shape, with diff = log pi_trainer - log pi_sampler on real tokens:
   token |diff|             mean, p99, max
@@ -44,15 +48,21 @@ import torch  # noqa: E402
 
 from grpo_lab.bucket.adapters import write_random_adapter  # noqa: E402
 from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.core.models import (
+    load_model_and_tokenizer,  # noqa: E402
+    model_folder,  # noqa: E402
+)
+from grpo_lab.core.prompts import encode_prompts  # noqa: E402
 from grpo_lab.core.sampler_correction import (  # noqa: E402
     IS_MODES,
     sampler_correction_metrics,
     sampler_importance_weights,
     sampler_kl,
 )
-from grpo_lab.core.tasks import AdditionTask  # noqa: E402
-from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
+from grpo_lab.core.tasks import (
+    AdditionTask,  # noqa: E402
+    make_task,  # noqa: E402
+)
 from grpo_lab.serving.client import BlockingClient  # noqa: E402
 from grpo_lab.serving.process import start_server_process  # noqa: E402
 from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
@@ -120,14 +130,15 @@ def repeat(again: list[dict], first: list[dict]) -> dict:
     return {"same_tokens": len(same) / len(first), "max_logprob_change": change}
 
 
-def run_engine(engine: str, dtype: str, adapter: Path, prompts, n: int, seed: int) -> dict:
+def run_engine(engine: str, dtype: str, adapter: Path, prompts, n: int, seed: int,
+               model: str = "tiny") -> dict:
     """Start one engine, load the adapter as `policy-v1`, sample both shapes, stop it."""
     start = time.monotonic()
     log = Path(tempfile.gettempdir()) / f"sampler_mismatch_{engine}_{dtype}.log"
     if engine == "vllm":
-        process = start_vllm_process("tiny", dtype=dtype, log_path=log, **SERVE_FLAGS)
+        process = start_vllm_process(model, dtype=dtype, log_path=log, **SERVE_FLAGS)
     else:
-        process = start_server_process("tiny", dtype=dtype, log_path=log, **SERVE_FLAGS)
+        process = start_server_process(model, dtype=dtype, log_path=log, **SERVE_FLAGS)
     with process, BlockingClient(process.url) as client:
         startup_s = time.monotonic() - start
         served_dtype = client.server_info()["model_config"]["dtype"]
@@ -143,25 +154,35 @@ def run_engine(engine: str, dtype: str, adapter: Path, prompts, n: int, seed: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", choices=("tiny", "smollm2-135m"),
+                        help="the tiny model on addition, or SmolLM2-135M-Instruct on sum_form")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16",
                         help="vLLM's dtypes to try; one that fails to start is reported as such")
     parser.add_argument("--prompts", type=int, default=32, help="addition prompts per request")
     parser.add_argument("--n", type=int, default=8, help="completions per prompt (a GRPO group)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "sampler_mismatch.json")
+                        default=None, help="default: results/sampler_mismatch.json, "
+                        "results/sampler_mismatch_smollm2.json for the real model")
     args = parser.parse_args(argv)
+    real = args.model != "tiny"
+    args.out = args.out or Path(__file__).parent / "results" / (
+        "sampler_mismatch_smollm2.json" if real else "sampler_mismatch.json")
     torch.set_num_threads(1)
-    base, tokenizer = load_model_and_tokenizer(tiny_model_path(progress=False))
-    task = AdditionTask()
-    prompts = [tokenizer(p.prompt)["input_ids"]
-               for p in task.sample_batch(random.Random(args.seed), args.prompts)]
+    base, tokenizer = load_model_and_tokenizer(model_folder(args.model, progress=False))
+    if real:  # its conversations, through the chat template, as the trainer sends them
+        problems = make_task("sum_form", 30).sample_batch(random.Random(args.seed), args.prompts)
+        prompts = encode_prompts(tokenizer, [p.prompt for p in problems])
+    else:
+        prompts = [tokenizer(p.prompt)["input_ids"]
+                   for p in AdditionTask().sample_batch(random.Random(args.seed), args.prompts)]
 
     engines = [("grpo-lab serve", "float32")]
     missing = vllm_missing_reason()
     if missing is None:
         engines += [("vllm", dtype) for dtype in args.dtypes.split(",") if dtype]
-    results = {"temperature": TEMPERATURE, "clip_max": CLIP_MAX, "lora_rank": 1,
+    results = {"model": args.model, "temperature": TEMPERATURE, "clip_max": CLIP_MAX,
+               "lora_rank": 1,
                "prompts": args.prompts, "n": args.n, "seed": args.seed,
                "shapes": {k: {**v} for k, v in SHAPES.items()}, "vllm_missing": missing,
                "threads": 1, "engines": {}}
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}: starting", flush=True)
             try:
                 run = run_engine(engine, dtype, Path(tmp) / "policy-v1", prompts, args.n,
-                                 args.seed)
+                                 args.seed, args.model)
             except RuntimeError as exc:  # a dtype this CPU build refuses
                 results["engines"][key] = {"error": str(exc).strip().splitlines()[-1][:300]}
                 print(f"{key}: did not start: {results['engines'][key]['error']}")

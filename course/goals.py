@@ -416,6 +416,18 @@ NOTEBOOK_GOALS = {
             lambda r: not r["scale_run"]["scale_rewards"]
             and r["scale_run"]["grad_norm"] < 0.7 * r["scale_run"]["grad_norm_scaled"],
     },
+    "09b_a_real_model_learns": {
+        "strict held-out accuracy +10 points or more (256 problems)":
+            lambda r: r["eval_size"] >= 256 and r["accuracy_after"] >= r["accuracy_before"] + 0.10,
+        "fewer replies in the form with a wrong sum after training":
+            lambda r: r["kinds"]["in the form, wrong sum"][1]
+            < r["kinds"]["in the form, wrong sum"][0],
+        "the run doctor finds nothing in this healthy run": lambda r: r["findings"] == [],
+        "the adapter is < 3 % of the model's size":
+            lambda r: r["adapter_bytes"] < 0.03 * r["model_bytes"],
+        "09b.1: at temperature 0.3 more groups have no spread than at 1.0":
+            lambda r: r["temperature_run"]["no_spread"] > r["temperature_run"]["no_spread_at_1"],
+    },
     "10_when_training_goes_wrong": {
         "high lr: the run dies (clipped completions >= 0.9, zero-std groups >= 0.7)":
             lambda r: r["zero_std_high"] >= 0.7 and r["clipped_high"] >= 0.9,
@@ -575,6 +587,13 @@ GOAL_MARGINS = {
             lambda r: (r["accuracy_after"] - r["accuracy_before"], 0.05, ">="),
         "09.2: grad_norm ratio < 0.7":
             lambda r: (r["scale_run"]["grad_norm"] / r["scale_run"]["grad_norm_scaled"], 0.7, "<="),
+    },
+    "09b_a_real_model_learns": {
+        "strict held-out accuracy +10 points or more":
+            lambda r: (r["accuracy_after"] - r["accuracy_before"], 0.10, ">="),
+        "09b.1: more groups without spread at 0.3":
+            lambda r: (r["temperature_run"]["no_spread"] - r["temperature_run"]["no_spread_at_1"],
+                       0, ">="),
     },
     "10_when_training_goes_wrong": {
         "high lr: zero-std groups >= 0.7": lambda r: (r["zero_std_high"], 0.7, ">="),

@@ -46,10 +46,18 @@ def f32_atol(magnitude: float, terms: int = 1, ulps: float = ULPS) -> float:
     return ulps * EPS32 * float(magnitude) * max(int(terms), 1)
 
 
-def logprob_atol(logps: torch.Tensor, vocab_size: int, ulps: float = ULPS) -> float:
+def logprob_atol(logps: torch.Tensor, vocab_size: int, ulps: float = ULPS,
+                 hidden_size: int | None = None) -> float:
     """Tolerance for per-token logprobs `logps` (real tokens only) computed by another code path:
-    a log-softmax sums `vocab_size` terms of the logits' size, which is the logprobs' size."""
-    return f32_atol(logps.detach().abs().max().item(), vocab_size, ulps)
+    a log-softmax sums `vocab_size` terms of the logits' size, which is the logprobs' size.
+
+    With `hidden_size` (a real vocabulary, where vocab x size over-counts by orders of magnitude)
+    the two errors are taken apart: each logit is a sum of `hidden_size` products of the logits'
+    size, and the log-sum-exp adds `vocab_size` probabilities, each at most 1."""
+    size = logps.detach().abs().max().item()
+    if hidden_size is None:
+        return f32_atol(size, vocab_size, ulps)
+    return f32_atol(size, hidden_size, ulps) + f32_atol(1.0, vocab_size, ulps)
 
 
 def mean_atol(terms: torch.Tensor, ulps: float = ULPS) -> float:

@@ -188,6 +188,28 @@ def test_a_reward_that_rises_slowly_while_held_out_accuracy_rises_is_not_flat():
     assert flat[0].evidence["eval_accuracy"] == [0.293, 0.303]
 
 
+REAL_MODEL_ENTROPY = [0.418, 0.222, 0.198, 0.203, 0.079, 0.085, 0.078, 0.06, 0.068, 0.112, 0.1,
+                      0.084, 0.056, 0.079, 0.038, 0.067, 0.031, 0.071, 0.053, 0.031]
+REAL_MODEL_REWARD = [0.203, 0.562, 0.578, 0.578, 0.641, 0.578, 0.688, 0.594, 0.625, 0.609,
+                     0.484, 0.453, 0.719, 0.5, 0.844, 0.625, 0.859, 0.547, 0.578, 0.703]
+"""Notebook 09b's run (SmolLM2-135M-Instruct, sum_form, seed 0): held-out 43.4 -> 62.1 %."""
+
+
+def _entropy_records(entropy, reward):
+    return [{"step": step, "entropy": e, "reward": r, "grad_norm": 0.1}
+            for step, (e, r) in enumerate(zip(entropy, reward), start=1)]
+
+
+def test_entropy_that_collapses_while_the_reward_rises_is_convergence_not_a_finding():
+    """A real model settling on the one right reply: entropy to 0.1x of its start while the
+    reward rises. The same entropy with the reward flat or falling is a collapse."""
+    assert Doctor().read(_entropy_records(REAL_MODEL_ENTROPY, REAL_MODEL_REWARD)) == []
+    flat = [0.58] * 10 + [0.56] * 10  # twice the learning rate: 0.58 -> 0.54 (real_model_gain.json)
+    found = Doctor().read(_entropy_records(REAL_MODEL_ENTROPY, flat))
+    assert [f.code for f in found] == ["entropy_collapsed"]
+    assert found[0].evidence["value"] < found[0].evidence["threshold"]
+
+
 def test_a_correction_raises_the_bound_on_the_sampler_mismatch():
     records = _async_records([1.5e-2] * 12)
     assert [f.code for f in Doctor(max_staleness=1).read(records)] == ["sampler_mismatch"]

@@ -132,3 +132,20 @@ def test_demo_with_real_vllm_replicas_trains_through_the_proxy_and_the_bucket(tm
         log = (run_dir / "logs" / f"replica-{i}.log").read_text(errors="replace")
         assert "vLLM API server" in log or "vllm" in log.lower(), log[-2000:]
         assert f"Loaded new LoRA adapter: name 'policy-v{steps}'" in log, log[-3000:]
+
+
+def test_a_flag_given_to_the_demo_wins_even_where_it_equals_the_config_default():
+    """`grpo-lab demo --steps 200 --temperature 1.0` runs 200 steps at 1.0 (the demo's own
+    defaults, 145 and 0.7, are for flags not given), and the trainer job's argv carries both."""
+    from grpo_lab.cli.main import build_parser
+    from grpo_lab.cli.multi_job import multi_job_config, trainer_flags
+
+    args = build_parser().parse_args(["demo", "--steps", "200", "--temperature", "1.0"])
+    config = multi_job_config(args)
+    assert (config.steps, config.temperature) == (200, 1.0)
+    assert config.learning_rate == MULTI_JOB_DEFAULTS["learning_rate"]  # not given: the demo's
+    assert AsyncGRPOConfig().temperature == 1.0 != MULTI_JOB_DEFAULTS["temperature"]
+    job = build_parser().parse_args(["train-async", *trainer_flags(config)])
+    assert (job.steps, job.temperature, job.learning_rate) == (200, 1.0, 2e-3)
+    plain = multi_job_config(build_parser().parse_args(["demo"]))
+    assert (plain.steps, plain.temperature) == (145, 0.7)

@@ -74,6 +74,7 @@ from trl_parity_helpers import (
     single_torch_thread,
     trl_args,
     trl_inputs,
+    trl_logprobs,
 )
 
 from grpo_lab.core import grpo_loss as core
@@ -118,14 +119,6 @@ def test_trainer_reads_its_config(trainer):
     assert trainer.max_completion_length == MAX_COMPLETION_LENGTH
     assert trainer.temperature == TEMPERATURE
     assert args.steps_per_generation == args.gradient_accumulation_steps == 1
-
-
-def trl_logprobs(trainer, model, batch) -> torch.Tensor:
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask,
-                                                             batch["completion_ids"].shape[1])
-    return logps
 
 
 def test_per_token_logprobs_match(trainer, model, batch):

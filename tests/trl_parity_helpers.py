@@ -87,9 +87,10 @@ def single_torch_thread():
         torch.set_num_threads(before)
 
 
-def make_trainer(tiny_model_dir, output_dir) -> TRLTrainer:
-    """TRL's GRPOTrainer on a fresh copy of the tiny model (TRL patches and wraps the model)."""
-    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+def make_trainer(model_dir, output_dir) -> TRLTrainer:
+    """TRL's GRPOTrainer on a fresh copy of a model (the tiny one, or SmolLM2-135M-Instruct for
+    the real vocabulary); TRL patches and wraps it."""
+    model, tokenizer = load_model_and_tokenizer(model_dir)
     trainer = TRLTrainer(
         model=model,
         reward_funcs=exact_match_reward,
@@ -106,15 +107,15 @@ def make_trainer(tiny_model_dir, output_dir) -> TRLTrainer:
     return trainer
 
 
-def randomised_lora(trainer):
-    """The peft model, with LoRA B randomised so the adapter (and so the KL to the base) is not
-    0."""
+def randomised_lora(trainer, scale: float = 0.3):
+    """The peft model, with LoRA B randomised (`scale` x a standard normal) so the adapter (and
+    so the KL to the base) is not 0."""
     peft_model = trainer.model
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
-                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+                param.copy_(scale * torch.randn(param.shape, generator=generator))
     return peft_model
 
 
@@ -190,6 +191,15 @@ def trl_inputs(batch, rows=slice(None), *, off_policy: bool, beta: float,
     if beta:
         inputs["ref_per_token_logps"] = batch["ref_logps"][rows]
     return inputs
+
+
+def trl_logprobs(trainer, model, batch) -> torch.Tensor:
+    """TRL's per-token logprobs of the batch's completions (its fused LM head)."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask,
+                                                             batch["completion_ids"].shape[1])
+    return logps
 
 
 def our_logprobs(model, batch) -> torch.Tensor:
@@ -283,6 +293,7 @@ def fraction_atol(batch) -> float:
     return f32_atol(1.0, real_tokens(batch))
 
 
-def batch_logprob_atol(batch, vocab_size: int) -> float:
+def batch_logprob_atol(batch, vocab_size: int, hidden_size: int | None = None) -> float:
     """Per-token logprobs of the batch's completions, by TRL's forward and grpo_lab's."""
-    return logprob_atol(batch["current_logps"][batch["completion_mask"].bool()], vocab_size)
+    return logprob_atol(batch["current_logps"][batch["completion_mask"].bool()], vocab_size,
+                        hidden_size=hidden_size)

@@ -19,6 +19,20 @@ BOOL_FLAG = {"type": parse_bool, "nargs": "?", "const": True}
 """A bool flag (grpo_lab.core.argv's convention): alone it means true, or takes a value."""
 
 
+class StoreGiven(argparse.Action):
+    """Store the value, and remember that the flag was given (`args.given_flags`): a value given
+    on the command line wins over a command's own defaults even when it equals the config's."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given_flags = {*getattr(namespace, "given_flags", ()), self.dest}
+
+
+def given_flags(args: argparse.Namespace) -> set[str]:
+    """The config fields whose flags were given on the command line."""
+    return set(getattr(args, "given_flags", ()))
+
+
 def field_docs(cls) -> dict[str, str]:
     """The docstring written under each dataclass field (one copy of the help text)."""
     docs: dict[str, str] = {}
@@ -57,7 +71,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict |
         default = (defaults or {}).get(f.name, f.default)
         kind = _scalar_type(f.type)
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, default=default,
+            f"--{f.name.replace('_', '-')}", dest=f.name, default=default, action=StoreGiven,
             # argparse %-formats help text: a literal % (e.g. "~30 % more time") is doubled
             help=f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%"),
             **(BOOL_FLAG if kind is bool else {"type": kind}),

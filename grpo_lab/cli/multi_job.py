@@ -32,7 +32,7 @@ from ..observe.plots import plot_pipeline
 from ..rollout.config import AsyncGRPOConfig
 from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..train.metrics import plot_training, read_metrics
-from .flags import config_from_args
+from .flags import config_from_args, given_flags
 
 DEFAULT_MIN_GAIN = 0.20
 """The accuracy gain (held-out, greedy) the demo's summary reports against when none is given."""
@@ -56,11 +56,12 @@ a prompt's G completions in one request (n = G; why: benchmarks/results/README.m
 
 
 def multi_job_config(args) -> AsyncGRPOConfig:
-    """The demo's AsyncGRPOConfig: MULTI_JOB_DEFAULTS for every flag left at its default."""
+    """The demo's AsyncGRPOConfig: MULTI_JOB_DEFAULTS for every flag not given on the command
+    line (a given flag wins, even where its value is the config's default)."""
     config = config_from_args(args, AsyncGRPOConfig)
-    default = AsyncGRPOConfig()
+    given = given_flags(args)
     for name, value in MULTI_JOB_DEFAULTS.items():
-        if getattr(config, name) == getattr(default, name):
+        if name not in given:
             setattr(config, name, value)
     return config
 

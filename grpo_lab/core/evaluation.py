@@ -29,7 +29,7 @@ def token_batches(lengths: Sequence[int], max_new_tokens: int, token_budget: int
     return batches + [range(start, len(lengths))] if len(lengths) else batches
 
 
-def greedy_accuracy(
+def greedy_answers(
     model,
     tokenizer,
     problems: Sequence[Problem],
@@ -40,22 +40,31 @@ def greedy_accuracy(
     token_budget: int = EVAL_TOKEN_BUDGET,
     system_prompt: str | None = None,
     chat_template: bool | None = None,
-) -> float:
-    """Fraction of problems whose greedy completion earns reward 1 (prompts formatted as in
-    training: grpo_lab.core.prompts). Problems go in batches of at most `batch_size` rows and
+) -> tuple[list[str], list[float]]:
+    """Each problem's greedy completion and its reward (prompts formatted as in training:
+    grpo_lab.core.prompts). Problems go in batches of at most `batch_size` rows and
     `token_budget` tokens of prompt and completion, so the KV cache stays bounded at any size."""
     was_training = model.training
     model.eval()
     prompt_format = dict(system_prompt=system_prompt, chat_template=chat_template)
     lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.prompt for p in problems],
                                                   **prompt_format)]
-    correct = 0.0
+    texts, rewards = [], []
     for rows in token_batches(lengths, max_new_tokens, token_budget, batch_size):
         chunk = [problems[i] for i in rows]
         out = generate_completions(
             model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens,
             do_sample=False, with_logprobs=False, **prompt_format,
         )
-        correct += sum(r >= 1.0 for r in reward_fn(out.texts, answer=[p.answer for p in chunk]))
+        texts += out.texts
+        rewards += [float(r) for r in reward_fn(out.texts, answer=[p.answer for p in chunk])]
     model.train(was_training)
-    return correct / max(len(problems), 1)
+    return texts, rewards
+
+
+def greedy_accuracy(model, tokenizer, problems: Sequence[Problem], *, max_new_tokens: int,
+                    reward_fn: Callable = exact_match_reward, **batching) -> float:
+    """Fraction of problems whose greedy completion earns reward 1 (`greedy_answers`)."""
+    _, rewards = greedy_answers(model, tokenizer, problems, max_new_tokens=max_new_tokens,
+                                reward_fn=reward_fn, **batching)
+    return sum(r >= 1.0 for r in rewards) / max(len(problems), 1)

@@ -189,3 +189,46 @@ def short_run(config, steps: int, rewards=None, **changes) -> dict:
                                   output_dir=None, **changes))
     trainer.rewards = trainer.rewards if rewards is None else rewards
     return run_summary(trainer.train(), trainer.accuracy_history, steps)
+
+
+
+def plot_before_after(problems, replies: dict[str, list[str]], right: dict[str, list[bool]],
+                      kinds: dict[str, list[int]], shown: int = 8, title: str = ""):
+    """The same held-out problems before and after training. Left: how many replies fall in each
+    kind (`kinds`: name -> [count before, count after], stacked in their order, the right kind
+    first). Right: the first `shown` problems with their greedy replies (`replies`: "before" and
+    "after" -> one text per problem), green where `right` says the reply earned the full reward.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, (bars, table) = plt.subplots(1, 2, figsize=(12, 3.9), width_ratios=(1, 2.6))
+    bottoms = [0, 0]
+    for (name, counts), colour in zip(kinds.items(), ("tab:green", "tab:orange", "tab:red")):
+        bars.bar(["before", "after"], counts, bottom=bottoms, color=colour, label=name)
+        for x, (count, bottom) in enumerate(zip(counts, bottoms)):
+            if count >= 0.06 * len(problems):
+                bars.text(x, bottom + count / 2, str(count), ha="center", va="center", fontsize=9)
+        bottoms = [b + c for b, c in zip(bottoms, counts)]
+    bars.set_ylabel(f"held-out problems (of {len(problems)})")
+    bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    table.axis("off")
+    cell = dict(fontsize=9, family="monospace", transform=table.transAxes)
+    for x, heading in zip((0.0, 0.36, 0.68), ("question", "before", "after")):
+        table.text(x, 1.0, heading, weight="bold", **cell)
+    for row, problem in enumerate(problems[:shown], start=1):
+        top = 1 - row / (shown + 1.5)
+        question = problem.prompt
+        question = question if isinstance(question, str) else question[-1]["content"]
+        table.text(0.0, top, _clip(question, 26), **cell)
+        for x, when in zip((0.36, 0.68), ("before", "after")):
+            table.text(x, top, _clip(repr(replies[when][row - 1]), 30),
+                       color="tab:green" if right[when][row - 1] else "tab:red", **cell)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _clip(text: str, width: int) -> str:
+    """One line of at most `width` characters (whitespace runs become one space)."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"

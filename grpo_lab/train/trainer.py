@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..core.config import GRPOConfig
 from ..core.devices import resolve_device, resolve_dtype
-from ..core.evaluation import greedy_accuracy
+from ..core.evaluation import greedy_answers
 from ..core.generation import Completions, generate_completions
 from ..core.grpo_loss import group_advantages
 from ..core.models import load_model_and_tokenizer
@@ -63,6 +63,9 @@ class GRPOTrainer(PolicyUpdate):
         self.reward_fn = self.rewards.correctness  # what the held-out evaluation counts
         self.max_new_tokens = config.max_new_tokens or self.task.default_max_new_tokens
         self._warned_cap = False  # `warn_if_capped` speaks once
+        self.eval_answers: dict[int, list[str]] = {}
+        """step -> the greedy completions of that evaluation (this process's share of the
+        held-out set, in its order): the same problems before and after, side by side."""
         self.rng = random.Random(config.seed)  # prompt sampling
         torch.manual_seed(config.seed)  # LoRA init and sampling
         self.processes = Processes(config.device)  # one, or several under `accelerate launch`
@@ -211,9 +214,11 @@ class GRPOTrainer(PolicyUpdate):
         """Greedy accuracy on the task's fixed held-out set (each process evaluates its share)."""
         problems = self.task.eval_set()
         mine = self.processes.share(list(problems))
-        accuracy = greedy_accuracy(self.model, self.tokenizer, mine,
-                                   max_new_tokens=self.max_new_tokens, reward_fn=self.reward_fn,
-                                   **self.prompt_format)
+        texts, rewards = greedy_answers(self.model, self.tokenizer, mine,
+                                        max_new_tokens=self.max_new_tokens,
+                                        reward_fn=self.reward_fn, **self.prompt_format)
+        self.eval_answers[self.step_count] = texts
+        accuracy = sum(r >= 1.0 for r in rewards) / max(len(mine), 1)
         if not self.processes.distributed:
             return accuracy
         correct = self.processes.sum([round(accuracy * len(mine))])[0]
