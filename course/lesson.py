@@ -139,14 +139,26 @@ def show_goals(notebook: str, results: dict) -> None:
         print(exercises)
 
 
+STRICT_ENV = "GRPO_LAB_STRICT_GOALS"
+"""Set to 1 (the course's runner does, for the tests and `python -m course`): a missed goal
+raises. Unset (a learner in JupyterLab): a missed goal is a row of the table and a note."""
+
+
 def finish(notebook: str, results_path: str | os.PathLike | None, **values) -> None:
-    """A notebook's last call: record `values` where its runner reads them (`results_path`), show
-    its goals (`course/goals.py`) as a table, and raise an AssertionError naming every goal it
-    missed (an exercise's goal counts once the exercise is attempted). Returns nothing: the
-    notebook's last cell shows the table, not the recorded values (they are in `results_path`)."""
+    """A notebook's last call: record `values` where its runner reads them (`results_path`) and
+    show its goals (`course/goals.py`) as a table. A goal missed (an exercise's goal counts once
+    the exercise is attempted) is a note for a learner who changed a knob, which is how a lesson
+    is explored; under `GRPO_LAB_STRICT_GOALS=1` (the tests, `python -m course`) it raises an
+    AssertionError naming every goal missed. Returns nothing: the notebook's last cell shows the
+    table, not the recorded values (they are in `results_path`)."""
     if notebook not in NOTEBOOK_GOALS:
         raise KeyError(f"no goals for {notebook!r} in course/goals.py")
     results = record_results(results_path, **values)
     show_goals(notebook, results)
     missed = [goal for goal, ok in goals_table(notebook, results) if ok is False]
-    assert not missed, f"{notebook} missed: " + "; ".join(missed)
+    if missed and os.environ.get(STRICT_ENV) == "1":
+        raise AssertionError(f"{notebook} missed: " + "; ".join(missed))
+    if missed:
+        print(f"{len(missed)} goal(s) not met in this run. The goals hold at the parameters "
+              "cell's defaults; a changed knob moves them, and the table shows where to. Set the "
+              "defaults back, or read what moved in the run's figures above.")

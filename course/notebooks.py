@@ -8,11 +8,13 @@ check values, not just that it ran.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
 
 from .exercises import fill_in_solutions
+from .lesson import STRICT_ENV
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -62,13 +64,21 @@ def run_notebook(
     if with_solutions:
         executed = output_dir / f"{source.stem}.with-solutions.ipynb"
         fill_in_solutions(source, executed)
-    papermill.execute_notebook(
-        str(executed),
-        str(output_dir / source.name),
-        parameters={**(parameters or {}), "results_path": str(results_path)},
-        cwd=str(source.parent),
-        execution_timeout=cell_timeout_s,
-        kernel_name="python3",
-        progress_bar=False,
-    )
+    strict = os.environ.get(STRICT_ENV)
+    os.environ[STRICT_ENV] = "1"  # the kernel inherits it: a missed goal fails the run
+    try:
+        papermill.execute_notebook(
+            str(executed),
+            str(output_dir / source.name),
+            parameters={**(parameters or {}), "results_path": str(results_path)},
+            cwd=str(source.parent),
+            execution_timeout=cell_timeout_s,
+            kernel_name="python3",
+            progress_bar=False,
+        )
+    finally:
+        if strict is None:
+            os.environ.pop(STRICT_ENV)
+        else:
+            os.environ[STRICT_ENV] = strict
     return json.loads(results_path.read_text()) if results_path.exists() else {}

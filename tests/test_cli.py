@@ -31,6 +31,17 @@ def test_every_subcommand_prints_its_help(command, capsys):
     assert exit_.value.code == 0 and "--" in capsys.readouterr().out
 
 
+def test_build_model_takes_the_shipped_model_unless_told_to_build(capsys, tiny_model_dir):
+    """`grpo-lab build-model` finds the shipped reference model at once (no silent minutes of
+    building on every core); its help names the default, and a build says what it will do."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["build-model", "--help"])
+    assert "(default: reference)" in " ".join(capsys.readouterr().out.split())
+    assert main(["build-model"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().endswith(tiny_model_dir.name) and "building" not in captured.err
+
+
 def test_bad_input_gives_a_clear_error_and_status_2(capsys):
     assert main(["train", "--task", "chess"]) == 2
     assert "unknown task 'chess'" in capsys.readouterr().err

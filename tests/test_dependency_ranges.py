@@ -22,6 +22,7 @@ from tools.floor_constraints import floor_constraints
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 CORE = [Requirement(r) for r in PROJECT["dependencies"]]
+TRL_EXTRA = [Requirement(r) for r in PROJECT["optional-dependencies"]["trl"]]
 
 
 def test_core_dependencies_are_ranges_with_a_floor():
@@ -37,10 +38,10 @@ def test_the_floor_constraints_hold_every_core_dependency_at_its_floor():
     """What `make test-floors` installs: each core dependency at its floor, torch at the `cpu`
     extra's pin; every one inside the core's own range."""
     floors = floor_constraints()
-    assert set(floors) == {req.name.lower().replace("_", "-") for req in CORE}
+    assert set(floors) == {req.name.lower().replace("_", "-") for req in CORE + TRL_EXTRA}
     (cpu_torch,) = PROJECT["optional-dependencies"]["cpu"]
     assert f"torch=={floors['torch']}" == cpu_torch
-    for req in CORE:
+    for req in CORE + TRL_EXTRA:
         chosen = floors[req.name.lower().replace("_", "-")]
         assert req.specifier.contains(chosen), f"{req} excludes its floor {chosen}"
         if req.name != "torch":
@@ -51,8 +52,7 @@ USER_STACKS = {
     "the release the course is measured on": {"trl": "1.16.0", "peft": "0.21.2",
                                               "transformers": "5.24.0", "torch": "2.13.0"},
     "vllm/vllm-openai:v0.27.1 (vLLM's own floors)": {"transformers": "5.5.3", "torch": "2.13.0"},
-    "a newer TRL and PEFT (TRL 1.18 moves its async trainer to `trl`)": {"trl": "1.18.0",
-                                                                         "peft": "0.22.0"},
+    "a newer PEFT": {"peft": "0.22.0"},
 }
 
 
@@ -60,9 +60,19 @@ USER_STACKS = {
 def test_supported_stacks_fall_inside_the_ranges(stack):
     """A project's own versions of these packages satisfy grpo_lab's ranges, so pip keeps
     them (pip upgrades an installed package only when a requirement excludes it)."""
-    core = {req.name.lower(): req for req in CORE}
+    core = {req.name.lower(): req for req in CORE + TRL_EXTRA}
     for name, installed in USER_STACKS[stack].items():
         assert core[name].specifier.contains(installed), f"{core[name]} excludes {installed}"
+
+
+def test_the_trl_extra_is_the_range_grpo_lab_checks_at_run_time():
+    """TRL is an extra whose range is what CI tests (1.16.x); `require_trl` refuses any other
+    release by that same range (tests/test_trl_async_job.py), and the core has no TRL."""
+    from grpo_lab.rollout.trl_cpu import TRL_EXTRA as CHECKED
+
+    assert [str(r) for r in TRL_EXTRA] == [str(Requirement(CHECKED))]
+    assert "trl" not in {req.name.lower() for req in CORE}
+    assert not TRL_EXTRA[0].specifier.contains("1.18.0")  # untested: refused, not assumed
 
 
 def _installed(name: str) -> str | None:

@@ -361,8 +361,8 @@ def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
     """`--trainer trl`: the trainer job runs `grpo-lab train-trl-async` (TRL's AsyncGRPOTrainer),
     every flag of which its own parser accepts: on a GPU the blog's training without train-async's
     own --request-shape, with its checkpoints; --resume (a restarted job continues from TRL's
-    newest checkpoint) and no --local-dir (the job rewrites its files whole); `kernels` (TRL's
-    attention kernel) installed beside the wheel in the vLLM image."""
+    newest checkpoint) and no --local-dir (the job rewrites its files whole); the wheel's `trl`
+    extra and `kernels` (TRL's attention kernel) installed in the vLLM image."""
     from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig
 
     plans = {"gpu": blog_plan(trainer="trl"),
@@ -385,8 +385,9 @@ def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
                 4e-5, 4, "cuda")
             assert job.checkpoint_every == BLOG_TRAINING["checkpoint_every"] == 20
             assert "--request-shape" not in argv
-        if script:
-            assert "kernels" in script.split("pip install", 1)[1].splitlines()[0]
+        if script:  # the wheel with its `trl` extra (the core has no TRL), and TRL's kernels
+            install = script.split("pip install", 1)[1].splitlines()[0]
+            assert "kernels" in install and "[trl]" in install, install
     with pytest.raises(ValueError, match="trainer must be"):
         recipe_plan(bucket=str(tmp_path), trainer="deepspeed")
 

@@ -234,3 +234,20 @@ def test_no_wrapped_line_turns_into_a_list(notebook):
                     and not above.rstrip().endswith(":") and not above.startswith("#"):
                 wrapped.append(f"{above!r} / {line!r}")
     assert not wrapped, wrapped
+
+
+def test_a_missed_goal_is_a_note_for_a_learner_and_a_failure_under_the_tests(
+        tmp_path, monkeypatch, capsys):
+    """A learner who changed a knob ends in the goals table and a note, not a traceback; the
+    course's runner (the tests, `python -m course`) sets strict mode, where a miss raises."""
+    results = dict(accuracy_before=0.43, accuracy_after=0.45, eval_size=256, findings=[],
+                   kinds={"in the form, wrong sum": [114, 100]}, adapter_bytes=1, model_bytes=100,
+                   exercises={"09b.1": None})
+    monkeypatch.delenv(lesson.STRICT_ENV, raising=False)
+    lesson.finish("09b_a_real_model_learns", tmp_path / "r.json", **results)
+    out = capsys.readouterr().out
+    assert "MISSED  strict held-out accuracy +10 points" in out and "not met in this run" in out
+    assert "to do   09b.1" in out  # an exercise not attempted is neither met nor missed
+    monkeypatch.setenv(lesson.STRICT_ENV, "1")
+    with pytest.raises(AssertionError, match=r"missed: strict held-out accuracy \+10"):
+        lesson.finish("09b_a_real_model_learns", tmp_path / "r.json", **results)

@@ -33,12 +33,13 @@ def _name(req: str) -> str:
 
 
 def test_environment_files_list_the_same_dependencies():
-    """The conda files hold what `make setup` installs: the core, the CPU pins, the notebooks."""
+    """The conda files hold what `make setup` installs: the core, the CPU pins, the notebooks,
+    TRL."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     pins = {_name(d): _normalise(d) for d in extras["cpu"]}
     core = [pins.get(_name(d), _normalise(d)) for d in project["dependencies"]]
-    expected = set(core) | {_normalise(d) for d in extras["notebooks"]}
+    expected = set(core) | {_normalise(d) for d in extras["notebooks"] + extras["trl"]}
     for env_file in (ROOT / "environment.yml", ROOT / "binder" / "environment.yml"):
         env = yaml.safe_load(env_file.read_text())
         pip_lists = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
@@ -59,6 +60,23 @@ def test_import_pulls_no_hub_download_and_no_gpu_package():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_core_imports_no_trl():
+    """`pip install grpo_lab` without the `trl` extra: the package, its CLI, both trainers, the
+    server, the proxy, the jobs and the doctor import without TRL (it is imported when a TRL
+    trainer runs, after `require_trl`)."""
+    code = (
+        "import sys, grpo_lab, grpo_lab.cli.main, grpo_lab.train.trainer, grpo_lab.cli.demo\n"
+        "import grpo_lab.rollout.async_trainer, grpo_lab.serving.server, grpo_lab.proxy.app\n"
+        "import grpo_lab.jobs.plan, grpo_lab.cli.multi_job, grpo_lab.train.doctor_callback\n"
+        "import grpo_lab.rollout.trl_async, grpo_lab.jobs.trl_async_job\n"
+        "print(sorted(m for m in sys.modules if m == 'trl' or m.startswith('trl.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_ci_runs_the_readme_test_command():

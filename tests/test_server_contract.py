@@ -204,6 +204,23 @@ def test_seeded_requests_are_reproducible(client, tiny_model_and_tokenizer):
     assert child2["choices"][0]["token_ids"] == tokens[2]
 
 
+def test_seeded_children_that_fill_more_than_one_scheduler_step_all_complete(
+        client, tiny_model_and_tokenizer):
+    """128 seeded children of a 20-token prompt: 2,560 prompt tokens, more than vLLM's CPU
+    scheduler takes in one step (2,048), as a real model's chat prompts in a GRPO batch are. vLLM
+    0.27.1's CPU build chunks such a prefill and then rewinds each seeded child's generator,
+    which a CPU generator cannot do: its engine died ("CPU Generator does not use offset") until
+    grpo_lab started it without chunked prefill (serving/vllm_process.vllm_cpu_args)."""
+    ids = prompt_ids(tiny_model_and_tokenizer[1], ["12+34=56,78+90=168,1+"])[0]
+    assert len(ids) >= 20
+    out = client.completions(ids, n=128, seed=7, max_tokens=2, temperature=1.0, ignore_eos=True)
+    assert len(out["choices"]) == 128
+    assert all(len(c["token_ids"]) == 2 for c in out["choices"])
+    assert client.completions(ids, n=1, seed=7, max_tokens=2, temperature=1.0, ignore_eos=True)[
+        "choices"][0]["token_ids"] == \
+        out["choices"][0]["token_ids"]  # the server is still up, and child 0 used seed 7
+
+
 BAD_REQUESTS = [  # (body, status, grpo-lab's type, its message, its param, vLLM's message)
     ({"prompt": [1, 5], "n": "two"}, 400, "BadRequestError", "'n' must be an integer", "n",
      "Input should be a valid integer"),

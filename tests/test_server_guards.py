@@ -337,3 +337,17 @@ def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer, model_c
                                                 make_generator(0))]))
     assert asyncio.run(asyncio.wait_for(serve_forever(server), 30)) == 1
     assert not server.engine.alive and "illegal memory access" in repr(server.engine.error)
+
+
+def test_the_blocking_client_shows_its_calls_in_dir_and_help():
+    """`BlockingClient` forwards the async client's calls: `dir()` and tab completion list them,
+    and each carries the async call's name and docstring (no server is needed to see them)."""
+    from grpo_lab.serving.client import InferenceClient
+
+    with BlockingClient("http://127.0.0.1:9") as client:
+        names = dir(client)
+        for call in ("completions", "load_lora_adapter", "unload_lora_adapter", "models",
+                     "health", "close"):
+            assert call in names, call
+        assert client.completions.__name__ == "completions"
+        assert client.completions.__doc__ == InferenceClient.completions.__doc__

@@ -91,36 +91,26 @@ def test_cpu_tree_attention_equals_causal_attention_per_sample():
         torch.testing.assert_close(got, want[:, len(tokens) - got.shape[1]:])
 
 
-def test_trl_async_classes_come_from_trl_first_then_experimental(monkeypatch):
-    """TRL 1.18 makes AsyncGRPOTrainer stable (`from trl import ...`) and removes the
-    experimental submodules; 1.16-1.17 have it under trl.experimental.async_grpo only."""
-    from types import ModuleType
-
-    def module(name, **attrs):
-        fake = ModuleType(name)
-        fake.__path__ = []  # a package
-        fake.__dict__.update(attrs)
-        monkeypatch.setitem(sys.modules, name, fake)
-
-    module("trl", AsyncGRPOConfig="stable config", AsyncGRPOTrainer="stable trainer")
-    assert trl_async_grpo() == ("stable config", "stable trainer")
-    module("trl")  # 1.16: not at the top
-    module("trl.experimental")
-    module("trl.experimental.async_grpo", AsyncGRPOConfig="exp config",
-           AsyncGRPOTrainer="exp trainer")
-    assert trl_async_grpo() == ("exp config", "exp trainer")
-
-
-def test_trl_internals_only_on_the_supported_releases(monkeypatch):
-    """TRL's own submodules are reached only through trl_cpu, and only on the releases that have
-    them; any other TRL gets an error that names the supported ones."""
-    assert trl_internal("packing").TREE_ATTENTION  # the installed TRL is a supported one
-    for found in ("1.18.0", "1.15.0", "2.0.0"):
+def test_trl_outside_the_tested_range_is_refused_with_the_range_and_the_extra(monkeypatch):
+    """Every use of TRL (its classes, its internals) checks the installed release against the
+    `trl` extra first: one outside it, or none, gets an ImportError naming the range and how to
+    install it; the installed one (CI's) passes."""
+    assert trl_internal("packing").TREE_ATTENTION  # the installed TRL is a tested one
+    assert trl_async_grpo()[1].__name__ == "AsyncGRPOTrainer"
+    for found in ("1.17.0", "1.18.0", "1.15.0", "2.0.0"):
         monkeypatch.setattr(trl_cpu, "version", lambda _name, found=found: found)
-        with pytest.raises(RuntimeError, match=rf"supports trl 1\.16\.x-1\.17\.x; found {found}"):
-            trl_internal("packing")
-    monkeypatch.setattr(trl_cpu, "version", lambda _name: "1.17.2")
-    assert trl_internal("packing").TREE_ATTENTION
+        for use in (lambda: trl_internal("packing"), trl_async_grpo):
+            with pytest.raises(ImportError, match=rf"needs trl <1\.17,>=1\.16\.0.*found "
+                               rf"{found}.*pip install 'grpo_lab\[trl\]'"):
+                use()
+
+    def missing(_name):
+        raise trl_cpu.PackageNotFoundError("trl")
+
+    monkeypatch.setattr(trl_cpu, "version", missing)
+    with pytest.raises(ImportError, match="found none installed"):
+        trl_async_grpo()
+
 
 
 def test_no_other_file_imports_trl_submodules_that_trl_removes():

@@ -32,13 +32,14 @@ def floor(req: str) -> str | None:
 
 
 def floor_constraints(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
-    """{name: version} for every core dependency: its floor, or the `cpu` extra's pin for
-    torch. A core dependency without a floor is an error (it could not be tested)."""
+    """{name: version} for every core dependency and the `trl` extra: its floor, or the `cpu`
+    extra's pin for torch. A dependency without a floor is an error (it could not be tested)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     pins = {requirement_name(r): r.split("==", 1)[1].strip()
             for r in project["optional-dependencies"]["cpu"] if "==" in r}
     versions = {}
-    for req in project["dependencies"]:
+    # the core, and the `trl` extra that `make test-floors` installs too (its floor is tested)
+    for req in [*project["dependencies"], *project["optional-dependencies"]["trl"]]:
         name = requirement_name(req)
         versions[name] = pins.get(name) or floor(req)
         if versions[name] is None:

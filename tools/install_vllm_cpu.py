@@ -47,10 +47,15 @@ def requirements_without_torch(dist: str) -> list[str]:
 
 def main(spec: str, *pip_args: str) -> int:
     dist = spec.split("==")[0]
-    if pip("install", "--quiet", *pip_args, spec) != 0:
+    # The first try's output is kept back: where the +cpu torch is missing, pip's three ERROR
+    # lines (ResolutionImpossible) would read as a failure of an install that then succeeds.
+    first = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *pip_args, spec],
+                           capture_output=True, text=True)
+    if first.returncode != 0:
         print(f"{spec} needs torch's +cpu wheel, which pip cannot find here: installing it "
               "beside the torch already installed instead", flush=True)
         if pip("install", "--quiet", "--no-deps", *pip_args, spec) != 0:
+            print(first.stdout + first.stderr, file=sys.stderr)  # both tries' reasons
             return 1
         if pip("install", "--quiet", *pip_args, *requirements_without_torch(dist)) != 0:
             return 1

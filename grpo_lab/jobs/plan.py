@@ -264,7 +264,9 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE,
                                  extra=("kernels",) if cfg.trainer == "trl"
                                  and trainer_image == VLLM_IMAGE else (),
-                                 extras=("tracking",) if report_targets(cfg.report_to) else ()),
+                                 extras=(*(("trl",) if cfg.trainer == "trl" else ()),
+                                         *(("tracking",) if report_targets(cfg.report_to)
+                                           else ()))),
         shell_join(["grpo-lab", *proxy]) + " &",
         shlex.join(wait) + " $!",
         # One process per GPU: `accelerate launch` with FSDP2 on h200x2 and the like.

@@ -40,6 +40,10 @@ def trl_trainer(args, lora, train_dataset, config, reward_funcs=None, every: int
     """TRL's `GRPOTrainer` on grpo_lab's model for `config` (its tokenizer too), grpo_lab's exact
     match reward by default, TRL's per-log dict printer replaced by `step_lines`."""
     from transformers.trainer_callback import PrinterCallback
+
+    from grpo_lab.rollout.trl_cpu import require_trl
+
+    require_trl()
     from trl import GRPOTrainer as TRLTrainer
 
     from grpo_lab.core.models import load_model_and_tokenizer

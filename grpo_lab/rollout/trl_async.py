@@ -16,19 +16,19 @@ from pathlib import Path
 
 from ..core.devices import resolve_dtype
 from .config import AsyncGRPOConfig
+from .trl_cpu import require_trl
 
 LORA_NAME = "trl-policy"
 """TRL's adapter name: versions are `trl-policy-v1`, `trl-policy-v2`, ... on the servers."""
 
 
 def trl_async_grpo():
-    """TRL's (AsyncGRPOConfig, AsyncGRPOTrainer) from its public surface: `trl` itself where
-    the trainer is stable (1.18 on), else `trl.experimental.async_grpo` (1.16, 1.17). Every
-    import of them in grpo_lab goes through here; TRL's internals, through rollout.trl_cpu."""
-    try:
-        from trl import AsyncGRPOConfig, AsyncGRPOTrainer
-    except ImportError:
-        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    """TRL's (AsyncGRPOConfig, AsyncGRPOTrainer), after `require_trl`: under
+    `trl.experimental.async_grpo` in the tested releases. Every import of them in grpo_lab goes
+    through here; TRL's internals, through rollout.trl_cpu."""
+    require_trl()
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
     return AsyncGRPOConfig, AsyncGRPOTrainer
 
 

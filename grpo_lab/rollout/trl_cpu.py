@@ -8,7 +8,8 @@ The trees' layout and the mask: docs/internals.md, "TRL's AsyncGRPOTrainer".
 Both replacements reach into TRL's own submodules (`trl.experimental.async_grpo.packing` and
 `.async_grpo_trainer`), which TRL 1.18 removes when the trainer becomes stable. This module is
 the only place in grpo_lab (tests included) that imports them, through `trl_internal`, and only
-on the TRL releases listed in `SUPPORTED_TRL`; anything else gets an error naming them.
+on the TRL releases grpo_lab is tested on (`require_trl`, which every use of TRL in grpo_lab
+calls first); anything else gets an error naming them.
 TRL's public classes come from grpo_lab.rollout.trl_async.trl_async_grpo.
 """
 
@@ -20,31 +21,34 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_TRL = ("1.16", "1.17")
-"""TRL minor releases whose async-GRPO internals this module patches (1.16.0 is tested; 1.17
-keeps the same submodules, and 1.18 removes them)."""
+TRL_EXTRA = "trl>=1.16.0,<1.17"
+"""pyproject.toml's `trl` extra (tests/test_dependency_ranges.py holds them equal): the TRL
+releases grpo_lab's TRL integration is tested on."""
 
 
-def check_trl_version() -> str:
-    """The installed TRL's version, if `trl_internal` supports it; otherwise a RuntimeError that
-    names the supported releases."""
+def require_trl() -> str:
+    """The installed TRL's version when it is in `TRL_EXTRA`; otherwise an ImportError naming
+    the range and the extra. Every use of TRL in grpo_lab calls it first: the core imports no
+    TRL, and a TRL outside the tested range fails at the start, not mid-step."""
+    from packaging.specifiers import SpecifierSet  # transformers' own dependency
+
     try:
         found = version("trl")
     except PackageNotFoundError:
-        found = "none installed"
-    if ".".join(found.split(".")[:2]) not in SUPPORTED_TRL:
-        raise RuntimeError(
-            f"grpo_lab's CPU patch of TRL's AsyncGRPOTrainer supports trl "
-            f"{SUPPORTED_TRL[0]}.x-{SUPPORTED_TRL[-1]}.x; found {found}. On a CUDA GPU no patch "
-            f"is needed (TRL's own kernel runs); off one, install a supported trl "
-            f"(pip install 'trl>={SUPPORTED_TRL[0]},<1.18') or use `grpo-lab train-async`")
+        found = None
+    tested = SpecifierSet(TRL_EXTRA.removeprefix("trl"))
+    if found is None or not tested.contains(found):
+        raise ImportError(
+            f"grpo_lab's TRL integration (TRL's trainers beside grpo_lab's, train-trl-async, "
+            f"notebook 03) needs trl {tested}, the releases it is tested on; found "
+            f"{found or 'none installed'}. Install the extra: pip install 'grpo_lab[trl]'")
     return found
 
 
 def trl_internal(name: str):
     """TRL's submodule `trl.experimental.async_grpo.<name>` (`packing`, `async_grpo_trainer`),
-    after `check_trl_version`."""
-    check_trl_version()
+    after `require_trl` (the tested releases have them)."""
+    require_trl()
     return importlib.import_module(f"trl.experimental.async_grpo.{name}")
 
 

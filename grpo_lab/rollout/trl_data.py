@@ -41,6 +41,9 @@ def with_response_parser(tokenizer):
     """TRL's rollout worker reads each completion back into a message (`parse_response`) and
     knows the templates of well-known models only; a ChatML template it does not know (the
     offline chat model's) gets `CHATML_RESPONSE`. Others must bring their own."""
+    from .trl_cpu import require_trl
+
+    require_trl()
     from trl.chat_template_utils import add_response_schema
 
     if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None):

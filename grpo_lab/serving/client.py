@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import threading
 import time
@@ -22,7 +23,6 @@ from typing import Any
 
 import aiohttp
 
-from ..core.processes import wait_healthy
 from .protocol import RequestError, parse_error
 
 
@@ -113,12 +113,6 @@ class InferenceClient:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
-    async def wait_until_healthy(self, timeout_s: float = 120.0, interval_s: float = 0.2) -> None:
-        """Poll /health until 200 (core.processes' `wait_healthy`, in a thread); TimeoutError
-        after."""
-        await asyncio.to_thread(wait_healthy, self.base_url + "/health", timeout_s,
-                                poll_s=interval_s)
-
     async def models(self) -> list[dict]:
         """The model cards: the base model first, then one per loaded adapter."""
         return (await self._json("GET", "/v1/models"))["data"]
@@ -193,7 +187,13 @@ class BlockingClient:
         method = getattr(self.client, name)
         if not asyncio.iscoroutinefunction(method):
             return method
-        return lambda *args, **kwargs: self.call(method(*args, **kwargs))
+        return functools.wraps(method)(lambda *args, **kwargs: self.call(method(*args, **kwargs)))
+
+    def __dir__(self) -> list[str]:
+        """Its own names and the client's public calls (`completions`, `load_lora_adapter`,
+        ...): what tab completion and `dir()` show."""
+        public = (n for n in dir(self.client) if not n.startswith("_"))
+        return sorted({*super().__dir__(), *public})
 
     def close(self) -> None:
         if self._loop.is_running():

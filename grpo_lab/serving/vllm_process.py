@@ -56,10 +56,6 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
-def vllm_available() -> bool:
-    return vllm_missing_reason() is None
-
-
 def local_model_path(model: str) -> str:
     """A model as vLLM must be given it: grpo_lab's own by folder, others as they are."""
     from ..core.models import model_folder
@@ -82,7 +78,14 @@ def vllm_cpu_args(model: str, host: str, port: int, *, served_model_name: str | 
             "--generation-config", "vllm",
             # one process for the engine: about 40 % faster to start on 2 cores, same answers
             # (with VLLM_ENABLE_V1_MULTIPROCESSING=0, vllm_cpu_env)
-            "--distributed-executor-backend", "uni", *flag_args(flags)]
+            "--distributed-executor-backend", "uni",
+            # whole prefills only: vLLM 0.27.1's CPU build rewinds the generator of a seeded
+            # request whose prefill it split across steps, which a CPU generator cannot do, and
+            # its engine dies ("CPU Generator does not use offset"). A GRPO batch of a real
+            # model's chat prompts (64 x 62 tokens) is more than one step's 2,048 tokens, and
+            # every rollout request is seeded. Without chunking, vLLM raises the step's budget
+            # to max_model_len and a prompt waits for a step with room for all of it.
+            "--no-enable-chunked-prefill", *flag_args(flags)]
 
 
 def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = CPU_KV_CACHE_GIB,
