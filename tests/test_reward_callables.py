@@ -67,7 +67,7 @@ def test_a_reward_whose_signature_does_not_fit_gets_a_clear_error():
     rewards = RewardSet.from_specs([needs_solution])
     with pytest.raises(ValueError, match=r"reward 'needs_solution' cannot be called with the "
                                          r"keywords it is offered \(prompts, completions, "
-                                         r"answer\)"):
+                                         r"completion_ids, answer\)"):
         rewards.score(["a"], ["a"])
     # With the column in the dataset, the same function works (columns are keywords).
     total, _ = rewards.score(["a"], ["a"], columns=[{"solution": "a"}])
@@ -80,17 +80,83 @@ def test_a_reward_whose_signature_does_not_fit_gets_a_clear_error():
         RewardSet.from_specs([broken]).score(["a"], ["a"])
 
 
-def test_evaluation_calls_a_trl_signature_first_reward_by_keyword():
-    def correct(prompts, completions, answer, **kwargs):
-        return [None if c == "skip" else float(c == a) for c, a in zip(completions, answer)]
+def unit_reward(completions, **kwargs):
+    """Written as grpo_lab's own error message advises: reads an extra dataset column."""
+    return [float(c.strip() == f"{a}") if u == "plain" else 0.0
+            for c, a, u in zip(completions, kwargs["answer"], kwargs["unit"])]
 
-    fn = RewardSet.from_specs([correct, "format"]).correctness
-    # grpo_lab.core.evaluation calls `reward_fn(texts, answer=...)`; None reads as unsolved.
-    assert fn(["3", "4", "skip"], answer=["3", "3", "3"]) == [1.0, 0.0, 0.0]
-    only_keywords = RewardSet.from_specs([lambda **kw: [1.0] * len(kw["completions"])])
-    assert only_keywords.correctness(["a"], answer=["a"]) == [1.0]
-    builtin = RewardSet.parse("math_answer,format")
-    assert builtin.correctness is builtin.functions[0]  # completions first: called as before
+
+def test_evaluation_calls_its_reward_as_training_does(tmp_path, tiny_model_dir):
+    """The held-out evaluation offers its reward every keyword and column training does: a
+    TRL-style reward reading an extra column evaluates (it died with KeyError: 'unit')."""
+    problems = [Problem("3+4=", "7", {"unit": "plain"}), Problem("1+1=", "2", {"unit": "x"})]
+    rewards = RewardSet.parse([unit_reward, "format"])
+    assert rewards.correctness_scores(["7", "2"], problems, [[5], [6]]) == [1.0, 0.0]
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "unit": "plain"}
+            for a in range(10, 40) for b in range(10, 14)]
+    data = tmp_path / "sums.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(GRPOConfig(dataset=str(data), reward=unit_reward, eval_size=8,
+                                     progress=False))
+    assert 0.0 <= trainer.evaluate() <= 1.0
+    assert len(trainer.eval_answers[0]) == 8  # the greedy replies, kept by step
+
+
+def test_a_reward_that_returns_the_wrong_thing_is_named():
+    def none(completions, **kwargs):
+        return None
+
+    def as_dict(completions, **kwargs):
+        return {"score": [1.0] * len(completions)}
+
+    def words(completions, **kwargs):
+        return ["good" for _ in completions]
+
+    def nan(completions, **kwargs):
+        return [float("nan"), 1.0]
+
+    for fn, said in [(none, "returned NoneType None"), (as_dict, "returned dict"),
+                     (words, "returned str 'good' for a completion")]:
+        for call in (lambda r: r.score(["a", "b"], ["a", "b"]),
+                     lambda r: r.correctness_scores(["a", "b"], [Problem("p", "a")] * 2)):
+            with pytest.raises(ValueError, match=rf"reward '{fn.__name__}' {said}"):
+                call(RewardSet.from_specs([fn]))
+    with pytest.warns(RuntimeWarning, match=r"reward 'nan' returned NaN for 1 of 2 completions"):
+        total, parts = RewardSet.from_specs([nan]).score(["a", "b"], ["a", "b"])
+    assert total.tolist() == [0.0, 1.0]
+
+    def short(completions, **kwargs):
+        return [1.0]
+
+    with pytest.raises(ValueError, match=r"reward 'short' returned 1 values for 2 completions"):
+        RewardSet.from_specs([short]).score(["a", "b"], ["a", "b"])
+
+
+def test_the_accuracy_counts_the_stated_reward_not_whichever_comes_first():
+    """`eval_reward` names the correctness reward; a constant first reward no longer reads as
+    100 % held-out accuracy when another one is stated."""
+    def always_one(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    rewards = RewardSet.parse([always_one, "exact_match"], eval_reward="exact_match")
+    assert rewards.correctness_name == "exact_match"
+    assert rewards.correctness_scores(["7", "8"], [Problem("3+4=", "7")] * 2) == [1.0, 0.0]
+    assert RewardSet.parse([always_one, "exact_match"]).correctness_name == "always_one"
+    with pytest.raises(ValueError, match=r"eval_reward 'correct' is not one of the rewards "
+                                         r"\(format, exact_match\)"):
+        GRPOConfig(reward="format,exact_match", eval_reward="correct")
+
+
+def test_evaluation_can_be_turned_off(tiny_model_dir):
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(GRPOConfig(steps=2, eval_size=0, progress=False, log_every=100))
+    records = trainer.train()
+    assert trainer.accuracy_history == [] and not any("eval/accuracy" in r for r in records)
+    with pytest.raises(ValueError, match=r"eval_size must be >= 0"):
+        GRPOConfig(eval_size=-1)
 
 
 def test_trl_job_rewards_pass_completions_by_keyword():

@@ -30,7 +30,7 @@ def test_weighted_sum_and_per_reward_scores():
     assert total.tolist() == pytest.approx([1.25, 0.25, 1.0, 0.0])
     metrics = RewardSet.metrics(parts)
     assert metrics["rewards/math_answer/mean"] == 0.5 and metrics["rewards/format/mean"] == 0.5
-    assert rewards.correctness is rewards.functions[0]
+    assert rewards.correctness_name == "math_answer"  # the first, unless eval_reward says
 
 
 def test_a_reward_from_the_users_module_and_none_values(tmp_path, monkeypatch):

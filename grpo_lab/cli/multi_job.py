@@ -128,6 +128,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     run_dir.mkdir(parents=True, exist_ok=True)
     config.run_name = config.run_name or run_dir.name  # the trainer's, with --report-to
     bucket = run_dir / "bucket"
+    model_name = config.model  # before it becomes a folder
     block_size = DEFAULT_BLOCK_SIZE  # vLLM's default
     if config.model == "tiny":
         # Build (or find) the model once, here, with every core, before any job starts: else
@@ -174,7 +175,8 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     router = stats.get("router", stats)
     ratios = [r["ratio"] for r in steps if "ratio" in r]
     summary = {
-        "jobs": plan.names, "replicas": replicas, "engine": engine, "status": status,
+        "jobs": plan.names, "replicas": replicas, "engine": engine, "model": model_name,
+        "status": status,
         "accuracy_before": trained["accuracy_before"], "accuracy_after": trained["accuracy_after"],
         "accuracy_gain": trained["accuracy_after"] - trained["accuracy_before"],
         "steps": trained["steps"], "samples": trained["samples"],
@@ -248,9 +250,12 @@ def demo_verdicts(s: dict, min_gain: float) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
+    gain = (f"greedy accuracy gain >= {100 * min_gain:+.0f} points: "
+            f"{100 * s['accuracy_gain']:+.1f} ({mark(s['accuracy_gain'] >= min_gain)})")
+    if s.get("model", "tiny") != "tiny":
+        return [gain, "time: no target (the targets are the tiny model's demo's)"]
     return [
-        f"greedy accuracy gain >= {100 * min_gain:+.0f} points: {100 * s['accuracy_gain']:+.1f} "
-        f"({mark(s['accuracy_gain'] >= min_gain)})",
+        gain,
         f"training <= {DEMO_TARGETS['train_s']:.0f} s: {s['train_s']:.0f} s "
         f"({mark(s['train_s'] <= DEMO_TARGETS['train_s'])})",
         f"start-up <= {DEMO_TARGETS['startup_s']:.0f} s: {s['startup_s']:.0f} s "

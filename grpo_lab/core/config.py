@@ -55,9 +55,13 @@ class GRPOConfig:
     reward: str | Callable | list[str | Callable] = "exact_match"
     """Reward functions, comma separated: `exact_match`, `math_answer`, `format`, or
     `module:function` from your code; in Python also a function with TRL's signature, or a list
-    of names and functions. The first is what evaluation counts (grpo_lab.core.reward_set)."""
+    of names and functions. The held-out evaluation counts `eval_reward`
+    (grpo_lab.core.reward_set)."""
     reward_weights: str | list[float] | None = None
     """One weight per reward, comma separated or a list (None = 1 each): `1,0.2`."""
+    eval_reward: str | None = None
+    """The reward (by name) the held-out accuracy counts: a greedy completion is correct when it
+    scores at least 1 (None = the first reward). Called exactly as in training."""
     system_prompt: str | None = None
     """System message put before each prompt (models with a chat template only)."""
     few_shot: int = 0
@@ -188,7 +192,7 @@ class GRPOConfig:
     eval_every: int = 50
     """Greedy held-out accuracy every N steps (and always before and after); 0 = ends only."""
     eval_size: int = 512
-    """Held-out problems per evaluation."""
+    """Held-out problems per evaluation; 0 = no held-out evaluation at all."""
     log_every: int = 1
     """Print one line with fixed keys every N steps."""
     output_dir: str | None = None
@@ -227,7 +231,7 @@ class GRPOConfig:
             problems.append("the sum_form task asks a chat model in a conversation; the tiny "
                             "model has no chat template: use model='smollm2-135m'")
         try:
-            RewardSet.parse(self.reward, self.reward_weights)
+            RewardSet.parse(self.reward, self.reward_weights, self.eval_reward)
         except ValueError as exc:
             problems.append(str(exc))
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -245,7 +249,9 @@ class GRPOConfig:
         problems += sampling_problems(self)  # and stop_token_ids, stop made lists
         if self.use_lora and self.lora_rank < 1:
             problems.append(f"lora_rank must be >= 1 (got {self.lora_rank})")
-        for name in ("steps", "prompts_per_step", "num_iterations", "eval_size", "log_every",
+        if self.eval_size < 0:
+            problems.append(f"eval_size must be >= 0 (got {self.eval_size}; 0 = no evaluation)")
+        for name in ("steps", "prompts_per_step", "num_iterations", "log_every",
                      "dynamic_sampling_max_rounds", "shared_prompt_max_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -296,7 +302,8 @@ class GRPOConfig:
     def make_task(self):
         """The task this config trains on: the dataset if one is set, else the synthetic task."""
         if self.dataset is None:
-            return make_task(self.task, self.difficulty, eval_size=self.eval_size,
+            # eval_size 0 (no evaluation) still holds one problem out: a task has a held-out set
+            return make_task(self.task, self.difficulty, eval_size=max(self.eval_size, 1),
                              few_shot=self.few_shot)
         from .datasets import load_dataset_task  # loads `datasets` only when needed
 
@@ -304,7 +311,8 @@ class GRPOConfig:
                                  eval_split=self.eval_split, config_name=self.dataset_config,
                                  prompt_column=self.prompt_column,
                                  answer_column=self.answer_column,
-                                 eval_fraction=self.eval_fraction, eval_size=self.eval_size),
+                                 eval_fraction=self.eval_fraction,
+                                 eval_size=max(self.eval_size, 1)),
                              self.few_shot)
 
     def learning_rate_at(self, step: int) -> float:

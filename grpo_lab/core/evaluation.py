@@ -29,19 +29,30 @@ def token_batches(lengths: Sequence[int], max_new_tokens: int, token_budget: int
     return batches + [range(start, len(lengths))] if len(lengths) else batches
 
 
+Score = Callable[[list[str], Sequence[Problem], list[list[int]]], list[float]]
+"""How an evaluation scores greedy completions: (texts, their problems, their token ids) -> one
+reward per completion. The trainers pass `RewardSet.correctness_scores`: the training reward's
+contract, every keyword and column."""
+
+
+def exact_match_scores(texts: list[str], problems: Sequence[Problem], completion_ids) -> list:
+    """The default score: `exact_match_reward` against each problem's answer."""
+    return exact_match_reward(texts, answer=[p.answer for p in problems])
+
+
 def greedy_answers(
     model,
     tokenizer,
     problems: Sequence[Problem],
     *,
     max_new_tokens: int,
-    reward_fn: Callable = exact_match_reward,
+    score: Score = exact_match_scores,
     batch_size: int = 256,
     token_budget: int = EVAL_TOKEN_BUDGET,
     system_prompt: str | None = None,
     chat_template: bool | None = None,
 ) -> tuple[list[str], list[float]]:
-    """Each problem's greedy completion and its reward (prompts formatted as in training:
+    """Each problem's greedy completion and its score (prompts formatted as in training:
     grpo_lab.core.prompts). Problems go in batches of at most `batch_size` rows and
     `token_budget` tokens of prompt and completion, so the KV cache stays bounded at any size."""
     was_training = model.training
@@ -49,7 +60,7 @@ def greedy_answers(
     prompt_format = dict(system_prompt=system_prompt, chat_template=chat_template)
     lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.prompt for p in problems],
                                                   **prompt_format)]
-    texts, rewards = [], []
+    texts, scores = [], []
     for rows in token_batches(lengths, max_new_tokens, token_budget, batch_size):
         chunk = [problems[i] for i in rows]
         out = generate_completions(
@@ -57,14 +68,17 @@ def greedy_answers(
             do_sample=False, with_logprobs=False, **prompt_format,
         )
         texts += out.texts
-        rewards += [float(r) for r in reward_fn(out.texts, answer=[p.answer for p in chunk])]
+        scores += [float(r) for r in score(out.texts, chunk, out.completion_ids)]
     model.train(was_training)
-    return texts, rewards
+    return texts, scores
 
 
 def greedy_accuracy(model, tokenizer, problems: Sequence[Problem], *, max_new_tokens: int,
                     reward_fn: Callable = exact_match_reward, **batching) -> float:
-    """Fraction of problems whose greedy completion earns reward 1 (`greedy_answers`)."""
-    _, rewards = greedy_answers(model, tokenizer, problems, max_new_tokens=max_new_tokens,
-                                reward_fn=reward_fn, **batching)
-    return sum(r >= 1.0 for r in rewards) / max(len(problems), 1)
+    """Fraction of problems whose greedy completion earns `reward_fn(completions, answer=...)`
+    of at least 1 (`greedy_answers`)."""
+    _, scores = greedy_answers(
+        model, tokenizer, problems, max_new_tokens=max_new_tokens,
+        score=lambda texts, chunk, _ids: reward_fn(texts, answer=[p.answer for p in chunk]),
+        **batching)
+    return sum(r >= 1.0 for r in scores) / max(len(problems), 1)

@@ -8,19 +8,23 @@ name, `module:function` (imported from your code), or a callable named by its `_
 called as TRL calls one, every argument a keyword: `prompts`, `completions`, `completion_ids`
 (when known), `answer` and the problem's other dataset columns. So `def r(completions, **kwargs)`,
 `def r(prompts, completions, **kwargs)` and `def r(completions, answer, **kwargs)` all work. The
-first reward is the one the held-out evaluation counts (docs/internals.md, "Several rewards").
+held-out evaluation calls its reward the same way, with the same keywords (`correctness_scores`).
+A reward returns one number (or None) per completion; anything else is an error that names it. The
+held-out evaluation counts the reward named by `eval_reward` (the first by default): a completion
+is correct when it scores at least 1 (docs/internals.md, "Several rewards").
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from numbers import Real
 
 import torch
 
@@ -125,26 +129,38 @@ def call_reward(name: str, fn: Callable, offered: dict) -> list:
     return fn(**offered)
 
 
-def _completions_first(fn: Callable) -> bool:
-    """Whether `fn(completions, answer=...)`, as the held-out evaluation calls a reward, passes
-    the completions to it: its first positional parameter is `completions`."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return True  # cannot tell: call it as before
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not positional:  # `fn(*args, ...)` takes it; `fn(**kwargs)` needs a keyword
-        return any(p.kind == p.VAR_POSITIONAL for p in params)
-    return positional[0].name == "completions"
+def checked_scores(name: str, values, count: int) -> list[float]:
+    """A reward's return value as `count` floats (NaN where it said None: no score), or a
+    ValueError naming the reward and what it returned instead."""
+    if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
+        values = values.tolist()  # a tensor or an array
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"reward {name!r} returned {type(values).__name__} "
+                         f"{_short(values)}; a reward returns a list with one number per "
+                         "completion (None for a completion it does not score)")
+    if len(values) != count:
+        raise ValueError(f"reward {name!r} returned {len(values)} values for {count} "
+                         "completions")
+    bad = next((v for v in values if v is not None and not isinstance(v, Real)), _NONE)
+    if bad is not _NONE:
+        raise ValueError(f"reward {name!r} returned {type(bad).__name__} {_short(bad)} for a "
+                         "completion; each value must be a number, or None for no score")
+    scores = [math.nan if v is None else float(v) for v in values]
+    nans = sum(math.isnan(v) for v, raw in zip(scores, values) if raw is not None)
+    if nans:
+        warnings.warn(f"reward {name!r} returned NaN for {nans} of {count} completions: they "
+                      "count as 0 in the total and as wrong in the held-out evaluation (return "
+                      "None for a completion your reward does not score)", RuntimeWarning,
+                      stacklevel=3)
+    return scores
 
 
-def _by_keyword(name: str, fn: Callable, completions, **kwargs) -> list[float]:
-    """`fn` called with keywords only, a None score read as 0 (not solved); `prompts` and
-    `completion_ids` are None per completion when the caller does not pass them."""
-    for key in ("prompts", "completion_ids"):
-        kwargs.setdefault(key, [None] * len(completions))
-    values = call_reward(name, fn, {"completions": list(completions), **kwargs})
-    return [0.0 if v is None else v for v in values]
+_NONE = object()
+
+
+def _short(value, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 @dataclass
@@ -154,10 +170,18 @@ class RewardSet:
     names: list[str]
     functions: list[Callable]
     weights: list[float]
+    eval_reward: str | None = field(default=None)
+    """The reward the held-out evaluation counts (None: the first)."""
+
+    def __post_init__(self):
+        if self.eval_reward is not None and self.eval_reward not in self.names:
+            raise ValueError(f"eval_reward {self.eval_reward!r} is not one of the rewards "
+                             f"({', '.join(self.names)})")
 
     @classmethod
     def from_specs(cls, specs: Sequence[RewardSpec],
-                   weights: str | Sequence[float] | None = None) -> RewardSet:
+                   weights: str | Sequence[float] | None = None,
+                   eval_reward: str | None = None) -> RewardSet:
         """From a list of rewards, each a built-in name, `module:function` or a callable."""
         specs = [s.strip() if isinstance(s, str) else s for s in specs]
         if not specs or any(s == "" for s in specs):
@@ -172,11 +196,12 @@ class RewardSet:
                              "__name__: give each its own)")
         functions = [s if callable(s) else REWARDS[s] if s in REWARDS else import_reward(s)
                      for s in specs]
-        return cls(names, functions, parse_weights(weights, len(specs)))
+        return cls(names, functions, parse_weights(weights, len(specs)), eval_reward)
 
     @classmethod
     def parse(cls, rewards: RewardSpec | Sequence[RewardSpec],
-              weights: str | Sequence[float] | None = None) -> RewardSet:
+              weights: str | Sequence[float] | None = None,
+              eval_reward: str | None = None) -> RewardSet:
         """From the config's `reward`: names or `module:function`, comma separated; a
         function; or a list of either."""
         if isinstance(rewards, str):
@@ -188,14 +213,24 @@ class RewardSet:
         else:
             raise ValueError(f"reward {rewards!r}: give names (comma separated), a function, "
                              "or a list of either")
-        return cls.from_specs(specs, weights)
+        return cls.from_specs(specs, weights, eval_reward)
 
-    @property
-    def correctness(self) -> Callable:
-        """The first reward: what the held-out evaluation counts, as `fn(completions,
-        answer=...)`. One whose first parameter is not `completions` is called by keyword."""
-        fn = self.functions[0]
-        return fn if _completions_first(fn) else functools.partial(_by_keyword, self.names[0], fn)
+    def offered(self, completions: Sequence, answers: Sequence[str],
+                prompts: Sequence | None = None, *,
+                completion_ids: Sequence[Sequence[int]] | None = None,
+                columns: Sequence[dict] | None = None) -> dict[str, list]:
+        """The keywords every reward is called with (one entry per completion)."""
+        B = len(completions)
+        offered = {"prompts": list(prompts) if prompts is not None else [None] * B,
+                   "completions": list(completions),
+                   "completion_ids": ([list(ids) for ids in completion_ids]
+                                      if completion_ids is not None else [None] * B),
+                   "answer": list(answers)}
+        offered.update(self._column_lists(columns, B))
+        for key in ("answer", "completion_ids", "prompts"):
+            if len(offered[key]) != B:
+                raise ValueError(f"{len(offered[key])} values of {key} for {B} completions")
+        return offered
 
     def score(self, completions: Sequence, answers: Sequence[str], prompts: Sequence | None = None,
               *, completion_ids: Sequence[Sequence[int]] | None = None,
@@ -205,26 +240,32 @@ class RewardSet:
 
         Every argument is one entry per completion (B of them, a prompt's repeated G times):
         `completion_ids` the sampled token ids, `columns` each problem's other dataset columns
-        (`Problem.columns`), passed to the rewards as keywords, one list per column."""
-        B = len(completions)
-        offered = {"prompts": list(prompts or []), "completions": list(completions)}
-        if completion_ids is not None:
-            offered["completion_ids"] = [list(ids) for ids in completion_ids]
-        offered["answer"] = list(answers)
-        offered.update(self._column_lists(columns, B))
-        for key in ("answer", "completion_ids"):
-            if key in offered and len(offered[key]) != B:
-                raise ValueError(f"{len(offered[key])} values of {key} for {B} completions")
-        per_reward = {}
-        for name, fn in zip(self.names, self.functions):
-            values = call_reward(name, fn, offered)
-            if values is None or len(values) != B:
-                raise ValueError(f"reward {name!r} returned {len(values or [])} values for "
-                                 f"{B} completions")
-            per_reward[name] = torch.tensor([math.nan if v is None else float(v) for v in values])
+        (`Problem.columns`), passed to the rewards as keywords, one list per column. A None
+        score (NaN in the per-reward tensor) counts as 0 in the sum, as TRL's nansum."""
+        offered = self.offered(completions, answers, prompts, completion_ids=completion_ids,
+                               columns=columns)
+        per_reward = {name: torch.tensor(checked_scores(name, call_reward(name, fn, offered),
+                                                        len(completions)))
+                      for name, fn in zip(self.names, self.functions)}
         total = sum(w * torch.nan_to_num(per_reward[n], nan=0.0)
                     for n, w in zip(self.names, self.weights))
         return total.float(), per_reward
+
+    @property
+    def correctness_name(self) -> str:
+        """The reward the held-out evaluation counts: `eval_reward`, else the first."""
+        return self.eval_reward or self.names[0]
+
+    def correctness_scores(self, completions: Sequence, problems: Sequence,
+                           completion_ids: Sequence[Sequence[int]] | None = None) -> list[float]:
+        """The evaluation's reward on one completion per problem, called exactly as in training
+        (prompts, completions, completion_ids, answer and every dataset column); NaN for None."""
+        name = self.correctness_name
+        offered = self.offered(completions, [p.answer for p in problems],
+                               [p.prompt for p in problems], completion_ids=completion_ids,
+                               columns=[p.columns for p in problems])
+        fn = self.functions[self.names.index(name)]
+        return checked_scores(name, call_reward(name, fn, offered), len(completions))
 
     @staticmethod
     def _column_lists(columns: Sequence[dict] | None, count: int) -> dict[str, list]:

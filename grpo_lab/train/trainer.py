@@ -59,8 +59,7 @@ class GRPOTrainer(PolicyUpdate):
         if config.num_threads:  # only when asked: torch's default otherwise, CPU or GPU
             torch.set_num_threads(config.num_threads)
         self.task = config.make_task()
-        self.rewards = RewardSet.parse(config.reward, config.reward_weights)
-        self.reward_fn = self.rewards.correctness  # what the held-out evaluation counts
+        self.rewards = RewardSet.parse(config.reward, config.reward_weights, config.eval_reward)
         self.max_new_tokens = config.max_new_tokens or self.task.default_max_new_tokens
         self._warned_cap = False  # `warn_if_capped` speaks once
         self.eval_answers: dict[int, list[str]] = {}
@@ -214,11 +213,13 @@ class GRPOTrainer(PolicyUpdate):
         """Greedy accuracy on the task's fixed held-out set (each process evaluates its share)."""
         problems = self.task.eval_set()
         mine = self.processes.share(list(problems))
-        texts, rewards = greedy_answers(self.model, self.tokenizer, mine,
-                                        max_new_tokens=self.max_new_tokens,
-                                        reward_fn=self.reward_fn, **self.prompt_format)
+        # the evaluation's reward is called as in training: every keyword, every column
+        texts, scores = greedy_answers(self.model, self.tokenizer, mine,
+                                       max_new_tokens=self.max_new_tokens,
+                                       score=self.rewards.correctness_scores,
+                                       **self.prompt_format)
         self.eval_answers[self.step_count] = texts
-        accuracy = sum(r >= 1.0 for r in rewards) / max(len(mine), 1)
+        accuracy = sum(r >= 1.0 for r in scores) / max(len(mine), 1)  # NaN: not correct
         if not self.processes.distributed:
             return accuracy
         correct = self.processes.sum([round(accuracy * len(mine))])[0]
@@ -228,9 +229,11 @@ class GRPOTrainer(PolicyUpdate):
         """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after."""
         steps = steps or self.config.steps
         cfg = self.config
+        evaluating = cfg.eval_size > 0  # 0: no held-out evaluation at all
         if self.step_count == 0:
             self.check_prompt_format()
-            self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
+            if evaluating:
+                self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
         last = self.step_count + steps
         bar = tqdm(total=steps, desc="GRPO", disable=not cfg.progress or not self.processes.is_main)
         self.start_steps()
@@ -239,7 +242,7 @@ class GRPOTrainer(PolicyUpdate):
                 record = self.step()
                 self.warn_if_capped(record)
                 due = cfg.eval_every and record["step"] % cfg.eval_every == 0
-                if due or record["step"] == last:
+                if evaluating and (due or record["step"] == last):
                     record["eval/accuracy"] = self.evaluate()
                 self.logger.log(record)
                 bar.update(1)
