@@ -190,3 +190,12 @@ def test_the_docs_metric_table_is_the_glossary():
     docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
     assert docs.read_text() == glossary_markdown(), (
         "regenerate docs/metrics.md (see glossary_markdown)")
+
+
+def test_a_prompt_and_completion_past_the_models_context_are_refused(tiny_model_dir):
+    """The synchronous path refuses what the servers refuse with a 400: a prompt plus
+    max_new_tokens beyond the model's context (the tiny model's 64 positions), before any step."""
+    trainer = GRPOTrainer(GRPOConfig(max_new_tokens=60, steps=1, progress=False, eval_size=8))
+    with pytest.raises(ValueError, match=r"plus max_new_tokens=60 is \d+ tokens, past the "
+                                         r"model's context of 64 \(max_position_embeddings\)"):
+        trainer.train()

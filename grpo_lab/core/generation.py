@@ -150,6 +150,18 @@ def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
 
 
 @torch.no_grad()
+def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
+    """A ValueError when the longest prompt plus `max_new_tokens` does not fit the model's
+    context (`max_position_embeddings`), as `grpo-lab serve` and vLLM answer 400: the positions
+    past it are ones the model never saw in training."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and prompt_tokens + max_new_tokens > context:
+        raise ValueError(
+            f"a prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} is "
+            f"{prompt_tokens + max_new_tokens} tokens, past the model's context of {context} "
+            "(max_position_embeddings): shorten the prompts or lower max_new_tokens")
+
+
 def sample_from_ids(
     model,
     tokenizer,
@@ -165,9 +177,11 @@ def sample_from_ids(
     generators (the trainer, the evaluation and LocalGenerator all come here). With G > 1 each
     prompt is prefilled once and its KV cache repeated for its G rows (`shared_prompt_cache`):
     the same tokens and logprobs, up to float rounding, for 1/G of the prompt's compute.
-    `with_logprobs=False` (an evaluation) leaves each completion's logprobs empty."""
+    `with_logprobs=False` (an evaluation) leaves each completion's logprobs empty. A prompt
+    whose length plus `max_new_tokens` passes the model's context is refused, as a server does."""
     device = next(model.parameters()).device
     width = max(map(len, prompt_ids))
+    check_context(model, width, max_new_tokens)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompt_ids], device=device)
     mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in prompt_ids]))
