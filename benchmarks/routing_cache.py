@@ -33,7 +33,9 @@ the figures are vLLM's own counters. The replicas start once per workload and re
 serve both routings: between runs the proxy broadcasts vLLM's `POST /reset_prefix_cache` (a dev
 route, on by VLLM_SERVER_DEV_MODE=1, as `start_vllm_process` sets), as it does to the stand-in.
 `--engine grpo-lab,vllm` measures both engines in one run, one after the other per configuration,
-and writes routing_cache_vllm.json.
+and writes routing_cache_vllm.json. `--workloads smollm2` sends a real model's prompts
+(SmolLM2-135M-Instruct's `sum_form` conversations, 62 tokens): write it to its own file with
+`--out benchmarks/results/routing_cache_smollm2.json`.
 
 Why the prefill ratio cannot reach 1/2 with 2 replicas, whatever the router: a prompt's own full
 blocks (U tokens) are computed once per replica that sees the prompt, and the tokens after its
@@ -94,8 +96,24 @@ def few_shot_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
     return str(path), tokenizer([p.prompt for p in task.eval_set()])["input_ids"]
 
 
-WORKLOADS = {"chat": chat_workload, "few-shot": few_shot_workload}
-VLLM_MODELS = {"chat": "chat", "few-shot": "tiny"}
+def smollm2_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
+    """(model path, token ids of `n_prompts` of SmolLM2-135M-Instruct's `sum_form` conversations
+    through its chat template): about 62 tokens, three full blocks shared by every prompt (the
+    system turn and the worked example) and a 14-token tail of the prompt's own."""
+    from transformers import AutoTokenizer
+
+    from grpo_lab.core.pretrained import smollm2_path
+    from grpo_lab.core.prompts import encode_prompts
+    from grpo_lab.core.tasks import make_task
+
+    path = smollm2_path(progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    problems = make_task("sum_form", 30, eval_size=n_prompts).eval_set()[:n_prompts]
+    return str(path), encode_prompts(tokenizer, [p.prompt for p in problems])
+
+
+WORKLOADS = {"chat": chat_workload, "few-shot": few_shot_workload, "smollm2": smollm2_workload}
+VLLM_MODELS = {"chat": "chat", "few-shot": "tiny", "smollm2": "smollm2-135m"}
 """The name `start_vllm_process` resolves to each workload's model (and serves it under)."""
 ENGINES = ("grpo-lab", "vllm")
 """The replicas' server: `grpo-lab serve` (the stand-in) or real vLLM (its CPU build)."""
