@@ -55,11 +55,7 @@ def test_import_pulls_no_hub_download_and_no_gpu_package():
         "bad = [m for m in ('vllm', 'flash_attn', 'deepspeed') if m in sys.modules];"
         "print(bad)"
     )
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert _python(code) == "[]"
 
 
 def test_the_core_imports_no_trl():
@@ -73,10 +69,7 @@ def test_the_core_imports_no_trl():
         "import grpo_lab.rollout.trl_async, grpo_lab.jobs.trl_async_job\n"
         "print(sorted(m for m in sys.modules if m == 'trl' or m.startswith('trl.')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "[]", out.stdout
+    assert _python(code) == "[]"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -119,9 +112,15 @@ def test_modules_that_draw_nothing_import_without_the_notebooks_extra():
         "import grpo_lab.cli.train_async, grpo_lab.jobs.trl_async_job\n"
         "import grpo_lab.proxy.app, grpo_lab.serving.server\n"
     )
+    _python(code)
+
+
+def _python(code: str) -> str:
+    """`code` run in a fresh interpreter, offline, with a bare environment: its stdout."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
 
 
 def test_the_wheel_ships_the_reference_models(tmp_path):
