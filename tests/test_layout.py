@@ -22,7 +22,9 @@ import grpo_lab
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_lab"
 STAGES = grpo_lab.STAGES
-MAX_LINES = 350
+MAX_LINES = 600
+"""A module is as long as its concept (issue 45): at 350, concepts were split across files only to
+fit (five sim_* modules re-exporting each other), which a reader pays for more than for length."""
 
 
 def _module_name(path: Path) -> str:
