@@ -120,7 +120,9 @@ def test_the_plan_passes_report_to_and_the_space_to_the_trainer(tmp_path):
         script = recipe_plan(**hf, trackio_space_id="me/dash", trainer=trainer)["trainer"]
         line = script.command[-1].splitlines()[-1]  # exec <the trainer>
         assert "--report-to trackio --trackio-space-id me/dash" in line, line
-        assert "[tracking]'" in script.command[-1]  # the wheel with its tracking extra
+        # the wheel with its tracking extra (and TRL's trainer with the trl extra too)
+        extras = {"grpo-lab": "[tracking]'", "trl": "[trl,tracking]'"}[trainer]
+        assert extras in script.command[-1], script.command[-1]
     assert "--report-to" not in " ".join(recipe_plan(bucket=str(tmp_path))["trainer"].command)
 
 
