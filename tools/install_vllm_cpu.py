@@ -23,8 +23,11 @@ import sys
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio", "torchcodec")
 
 
-def pip(*args: str) -> int:
-    return subprocess.call([sys.executable, "-m", "pip", *args])
+def pip(*args: str) -> subprocess.CompletedProcess:
+    """pip with its output kept back: shown only when this install fails (`main`), so that the
+    lines pip prints about the torch pins this script leaves out on purpose (ERROR: ...
+    dependency conflicts, WARNING: Skipping torchvision) never read as a failure."""
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
 
 
 def requirements_without_torch(dist: str) -> list[str]:
@@ -47,17 +50,17 @@ def requirements_without_torch(dist: str) -> list[str]:
 
 def main(spec: str, *pip_args: str) -> int:
     dist = spec.split("==")[0]
-    # The first try's output is kept back: where the +cpu torch is missing, pip's three ERROR
-    # lines (ResolutionImpossible) would read as a failure of an install that then succeeds.
-    first = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *pip_args, spec],
-                           capture_output=True, text=True)
-    if first.returncode != 0:
+    tries = [pip("install", "--quiet", *pip_args, spec)]
+    if tries[-1].returncode != 0:
         print(f"{spec} needs torch's +cpu wheel, which pip cannot find here: installing it "
               "beside the torch already installed instead", flush=True)
-        if pip("install", "--quiet", "--no-deps", *pip_args, spec) != 0:
-            print(first.stdout + first.stderr, file=sys.stderr)  # both tries' reasons
-            return 1
-        if pip("install", "--quiet", *pip_args, *requirements_without_torch(dist)) != 0:
+        tries.append(pip("install", "--quiet", "--no-deps", *pip_args, spec))
+        if tries[-1].returncode == 0:
+            tries.append(pip("install", "--quiet", *pip_args,
+                             *requirements_without_torch(dist)))
+        if tries[-1].returncode != 0:
+            for done in tries:  # every try's reasons, now that the install has failed
+                print(done.stdout + done.stderr, file=sys.stderr)
             return 1
     pip("uninstall", "--quiet", "-y", *TORCH_FAMILY[1:])
     return subprocess.call([sys.executable, "-c", "import transformers, vllm; "
