@@ -149,7 +149,6 @@ def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     return {name: cache}
 
 
-@torch.no_grad()
 def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
     """A ValueError when the longest prompt plus `max_new_tokens` does not fit the model's
     context (`max_position_embeddings`), as `grpo-lab serve` and vLLM answer 400: the positions
@@ -162,6 +161,7 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
             "(max_position_embeddings): shorten the prompts or lower max_new_tokens")
 
 
+@torch.no_grad()
 def sample_from_ids(
     model,
     tokenizer,
