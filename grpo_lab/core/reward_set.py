@@ -6,7 +6,7 @@
 As TRL's `reward_funcs` and `reward_weights` (a None score counts as 0). A reward is a built-in
 name, `module:function` (imported from your code), or a callable named by its `__name__`. Each is
 called as TRL calls one, every argument a keyword: `prompts`, `completions`, `completion_ids`
-(when known), `answer` and the problem's other dataset columns. So `def r(completions, **kwargs)`,
+(None where unknown), `answer` and the problem's other dataset columns. So `def r(completions, **kwargs)`,
 `def r(prompts, completions, **kwargs)` and `def r(completions, answer, **kwargs)` all work. The
 held-out evaluation calls its reward the same way, with the same keywords (`correctness_scores`).
 A reward returns one number (or None) per completion; anything else is an error that names it. The
@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Real
 
 import torch
@@ -170,7 +170,7 @@ class RewardSet:
     names: list[str]
     functions: list[Callable]
     weights: list[float]
-    eval_reward: str | None = field(default=None)
+    eval_reward: str | None = None
     """The reward the held-out evaluation counts (None: the first)."""
 
     def __post_init__(self):
