@@ -6,8 +6,9 @@
 As TRL's `reward_funcs` and `reward_weights` (a None score counts as 0). A reward is a built-in
 name, `module:function` (imported from your code), or a callable named by its `__name__`. Each is
 called as TRL calls one, every argument a keyword: `prompts`, `completions`, `completion_ids`
-(None where unknown), `answer` and the problem's other dataset columns. So `def r(completions, **kwargs)`,
-`def r(prompts, completions, **kwargs)` and `def r(completions, answer, **kwargs)` all work. The
+(None where unknown), `answer` and the problem's other dataset columns. So
+`def r(completions, **kwargs)`, `def r(prompts, completions, **kwargs)` and
+`def r(completions, answer, **kwargs)` all work. The
 held-out evaluation calls its reward the same way, with the same keywords (`correctness_scores`).
 A reward returns one number (or None) per completion; anything else is an error that names it. The
 held-out evaluation counts the reward named by `eval_reward` (the first by default): a completion
