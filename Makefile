@@ -115,7 +115,7 @@ test-notebooks: setup vllm
 	$(BIN)/python -m pytest -m notebook
 
 lint: setup
-	$(BIN)/ruff check grpo_lab course tests benchmarks
+	$(BIN)/ruff check grpo_lab grpo_lab_course tests benchmarks
 
 clean:
 	rm -rf $(VENV) $(FLOORS) .grpo_lab runs .pytest_cache

@@ -35,10 +35,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from grpo_lab.bucket.adapters import AdapterBucket  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
-from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
+from grpo_lab.model.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.model.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.rollout.http_generator import HTTPGenerator  # noqa: E402
-from grpo_lab.serving.process import start_server_process  # noqa: E402
+from grpo_lab.serve.process import start_server_process  # noqa: E402
 
 GOALS = {"publish_load_p50_s": 0.2, "rank1_fraction_pct": 1.0}
 

@@ -5,7 +5,7 @@
 
 Every run trains the same tiny model on the default task (2-digit addition, 16 prompts x 8
 samples per step) for the same number of steps, so every run sees the same number of samples;
-every run lays a group out as one row (the prompt once, grpo_lab.train.shared_prompt).
+every run lays a group out as one row (the prompt once, grpo_lab.algo.shared_prompt).
 
 1. **Pipeline limit.** The synchronous loop with the asynchronous run's thread allocation (one
    torch thread for generation, one for training) gives the per-step generation time G and
@@ -63,11 +63,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
-from grpo_lab.train.packing import accumulate_grpo_loss  # noqa: E402
-from grpo_lab.train.shared_prompt import layout_micro_batches  # noqa: E402
-from grpo_lab.train.trainer import RolloutBatch, pad_left, pad_right  # noqa: E402
+from grpo_lab.algo.packing import accumulate_grpo_loss  # noqa: E402
+from grpo_lab.algo.shared_prompt import layout_micro_batches  # noqa: E402
+from grpo_lab.train.async_config import AsyncGRPOConfig  # noqa: E402
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.train.rollout_batch import RolloutBatch, pad_left, pad_right
 
 GOALS = {"speedup_over_limit": 0.95, "speedup_over_best_sync": 1.3}  # issue 26
 QUIET = 0.1  # a run counts only if other processes used < 10 % of the cores meanwhile

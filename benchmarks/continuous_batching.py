@@ -14,7 +14,7 @@ process) sends one request per sequence (n = 1, the tiny model's addition prompt
 tokens each with `ignore_eos`, so every request costs the same; seed = its index), `concurrency`
 in flight; both servers get the same requests. In this process, also with one thread: `generate`
 on the first `concurrency` prompts at once (the same sampling: T = 1, logprobs from
-output_scores), and the server's engine without HTTP (grpo_lab.serving.engine on the same
+output_scores), and the server's engine without HTTP (grpo_lab.serve.engine on the same
 prompts, all submitted at once): what separates the two is HTTP and the requests' arrival.
 
 A round: the server 1 at a time (8 requests), then, in an order that rotates each round, the
@@ -47,19 +47,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.core.generation import sampling_config  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer, model_folder  # noqa: E402
-from grpo_lab.core.processes import group_members  # noqa: E402
-from grpo_lab.core.prompts import encode_prompts  # noqa: E402
-from grpo_lab.core.tasks import make_task  # noqa: E402
-from grpo_lab.serving.block_hashes import DEFAULT_BLOCK_SIZE  # noqa: E402
-from grpo_lab.serving.client import InferenceClient  # noqa: E402
-from grpo_lab.serving.engine import Engine, generate_sync  # noqa: E402
-from grpo_lab.serving.prefix_cache import DEFAULT_MAX_BLOCKS, PrefixCache  # noqa: E402
-from grpo_lab.serving.process import start_server_process  # noqa: E402
-from grpo_lab.serving.requests import Sequence, make_generator  # noqa: E402
-from grpo_lab.serving.sampling import SamplingParams  # noqa: E402
-from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
+from grpo_lab.data.prompts import encode_prompts  # noqa: E402
+from grpo_lab.data.tasks import make_task  # noqa: E402
+from grpo_lab.model.generation import sampling_config  # noqa: E402
+from grpo_lab.model.models import load_model_and_tokenizer, model_folder  # noqa: E402
+from grpo_lab.serve.block_hashes import DEFAULT_BLOCK_SIZE  # noqa: E402
+from grpo_lab.serve.client import InferenceClient  # noqa: E402
+from grpo_lab.serve.engine import Engine, generate_sync  # noqa: E402
+from grpo_lab.serve.prefix_cache import DEFAULT_MAX_BLOCKS, PrefixCache  # noqa: E402
+from grpo_lab.serve.process import start_server_process  # noqa: E402
+from grpo_lab.serve.requests import Sequence, make_generator  # noqa: E402
+from grpo_lab.serve.sampling import SamplingParams  # noqa: E402
+from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
+from grpo_lab.util.processes import group_members  # noqa: E402
 
 GOALS = {"speedup_64_vs_1": 4.0, "vs_generate_at_64": 1.2, "vs_vllm_at_64": 0.5}
 

@@ -21,11 +21,11 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grpo_lab.core.config import GRPOConfig  # noqa: E402
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
-from grpo_lab.rollout.tails_trainer import FrozenReplica  # noqa: E402
+from grpo_lab.train.async_config import AsyncGRPOConfig  # noqa: E402
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.train.config import GRPOConfig  # noqa: E402
 from grpo_lab.train.trainer import GRPOTrainer  # noqa: E402
+from grpo_lab_course.tails_trainer import FrozenReplica  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "doctor_thresholds.json"
 READ = ("reward", "entropy", "frac_reward_zero_std", "completions/clipped_ratio",

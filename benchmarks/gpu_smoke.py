@@ -15,9 +15,9 @@ on the CPU, into a temporary GRPO_LAB_HOME (or `--home`, where it may already be
     async_http  AsyncGRPOTrainer (LoRA) sampling from that server through HTTPGenerator, its
                 adapters synced through an AdapterBucket folder
     real_shape  GRPOTrainer (LoRA) at a real model's published shape with random weights
-                (--shape, default Qwen2.5-0.5B; grpo_lab.core.shaped_models, built here),
+                (--shape, default Qwen2.5-0.5B; grpo_lab.model.shaped_models, built here),
                 --shape-prompts x G completions of --shape-new-tokens tokens on its word
-                problems, beside grpo_lab.core.memory_model's prediction of the step
+                problems, beside grpo_lab.model.memory_model's prediction of the step
 
 The check, per phase: the mean `ratio` exp(logp_trainer - logp_generator) over completion tokens
 is within 1e-2 of 1. Both sides compute logprobs in float32 from bfloat16 logits; what separates
@@ -51,21 +51,22 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from grpo_lab.algo.grpo_loss import policy_logprobs  # noqa: E402
 from grpo_lab.bucket.adapters import AdapterBucket  # noqa: E402
-from grpo_lab.core.config import GRPOConfig  # noqa: E402
-from grpo_lab.core.devices import DTYPES, resolve_device  # noqa: E402
-from grpo_lab.core.generation import Completions  # noqa: E402
-from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
-from grpo_lab.core.memory_model import StepSetting, step_memory  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
-from grpo_lab.core.shaped_models import SHAPES, dataset_files, shaped_model_path  # noqa: E402
-from grpo_lab.core.tiny_model import tiny_model_path  # noqa: E402
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
+from grpo_lab.data.completions import Completions  # noqa: E402
+from grpo_lab.model.memory_model import StepSetting, step_memory  # noqa: E402
+from grpo_lab.model.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.model.shaped_models import SHAPES, dataset_files, shaped_model_path  # noqa: E402
+from grpo_lab.model.tiny_model import tiny_model_path  # noqa: E402
 from grpo_lab.rollout.http_generator import HTTPGenerator  # noqa: E402
-from grpo_lab.serving.client import BlockingClient  # noqa: E402
-from grpo_lab.serving.process import start_server_process  # noqa: E402
-from grpo_lab.train.trainer import GRPOTrainer, pad_left, pad_right  # noqa: E402
+from grpo_lab.serve.client import BlockingClient  # noqa: E402
+from grpo_lab.serve.process import start_server_process  # noqa: E402
+from grpo_lab.train.async_config import AsyncGRPOConfig  # noqa: E402
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.train.config import GRPOConfig  # noqa: E402
+from grpo_lab.train.rollout_batch import pad_left, pad_right
+from grpo_lab.train.trainer import GRPOTrainer
+from grpo_lab.util.devices import DTYPES, resolve_device  # noqa: E402
 
 RATIO_TOLERANCE = 1e-2
 

@@ -47,9 +47,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from grpo_lab.cli.multi_job import run_multi_job_demo  # noqa: E402
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer  # noqa: E402
-from grpo_lab.rollout.config import AsyncGRPOConfig  # noqa: E402
-from grpo_lab.train.metrics import read_metrics  # noqa: E402
+from grpo_lab.train.async_config import AsyncGRPOConfig  # noqa: E402
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer  # noqa: E402
+from grpo_lab.watch.metrics import read_metrics  # noqa: E402
 
 PROMPTS, GENERATIONS = 16, 8
 

@@ -5,8 +5,8 @@ machine counts them (mybinder.org gives about 2 GB, so every notebook aims at < 
     python benchmarks/notebook_memory.py 04 05 07      # several, one after the other
     GRPO_LAB_VLLM=off python benchmarks/notebook_memory.py 05   # as on mybinder.org (no vLLM)
 
-Each notebook runs under papermill (`course.notebooks.run_notebook`, with its solutions, as the
-tests run it). Every 0.5 s a thread finds the kernel (this process's child running
+Each notebook runs under papermill (`grpo_lab_course.notebooks.run_notebook`, with its solutions, as
+the tests run it). Every 0.5 s a thread finds the kernel (this process's child running
 `ipykernel_launcher`) and sums the proportional set size (PSS) of it and all its descendants:
 PSS splits each shared page (torch's libraries, mapped by every process that imports it) between
 the processes that map it, so the sum is what the run takes from the machine, with nothing
@@ -32,9 +32,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from course.goals import missed_goals  # noqa: E402
-from course.notebooks import find_notebook, run_notebook  # noqa: E402
-from grpo_lab.serving.vllm_process import vllm_missing_reason  # noqa: E402
+from grpo_lab.serve.vllm_process import vllm_missing_reason  # noqa: E402
+from grpo_lab_course.goals import missed_goals  # noqa: E402
+from grpo_lab_course.notebooks import find_notebook, run_notebook  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "notebook_memory.json"
 BUDGET_MIB = 2048

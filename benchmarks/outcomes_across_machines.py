@@ -12,9 +12,9 @@ under the variations another machine brings, emulated here:
 - 1 or 2 torch threads;
 - a competing busy process on one core (a slower machine);
 and at several training seeds (the notebooks' `seed` parameter). For every run it records the
-goals missed (course.goals.NOTEBOOK_GOALS, the tests' checks) and each numeric goal's relative
-margin to its threshold (course.goals.GOAL_MARGINS); then each goal's worst case over all runs.
-A worst case under 10 % is flagged: not a lesson yet. Results are merged into
+goals missed (grpo_lab_course.goals.NOTEBOOK_GOALS, the tests' checks) and each numeric goal's
+relative margin to its threshold (grpo_lab_course.goals.GOAL_MARGINS); then each goal's worst case
+over all runs. A worst case under 10 % is flagged: not a lesson yet. Results are merged into
 benchmarks/results/outcomes_across_machines.json (a partial run updates just its entries).
 """
 
@@ -30,9 +30,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's course/
-from course.goals import goal_margins, missed_goals  # noqa: E402
-from course.notebooks import list_notebooks, notebook_number, run_notebook  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's grpo_lab_course/
+from grpo_lab_course.goals import goal_margins, missed_goals  # noqa: E402
+from grpo_lab_course.notebooks import list_notebooks, notebook_number, run_notebook  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "outcomes_across_machines.json"
 VARIATIONS = {

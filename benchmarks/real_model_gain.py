@@ -36,7 +36,8 @@ for (a 1-thread or no-vector run is slower by design: its gain is judged, not it
 
 RESULTS = Path(__file__).parent / "results" / "real_model_gain.json"
 SETTINGS = dict(model="smollm2-135m", task="sum_form", difficulty=30, steps=30,
-                prompts_per_step=8, num_generations=8, max_new_tokens=14, learning_rate=5e-4,
+                prompts_per_step=8, num_generations=8, max_new_tokens=14, temperature=1.0,
+                learning_rate=5e-4,
                 lora_rank=8, eval_size=256, eval_every=15, log_every=5,
                 log_completions_every=0, progress="false")
 GOAL_GAIN = 0.15
@@ -65,6 +66,10 @@ def run_once(out: Path, seed: int, threads: int) -> dict:
             "reward_first_5": round(sum(r["reward"] for r in steps[:5]) / 5, 3),
             "reward_last_5": round(sum(r["reward"] for r in steps[-5:]) / 5, 3),
             "entropy_last": round(steps[-1]["entropy"], 4),
+            # per step, for the run doctor's rules (tests/test_doctor.py reads them)
+            "reward_by_step": [round(r["reward"], 4) for r in steps],
+            "entropy_by_step": [round(r["entropy"], 4) for r in steps],
+            "zero_std_by_step": [round(r.get("frac_reward_zero_std", 0), 4) for r in steps],
             "doctor": [f.get("code") for f in _findings(out)],
             "margin": round((gain - GOAL_GAIN) / GOAL_GAIN, 3),
             # the largest child so far: one run at a time, so this run's peak (or an earlier one's)

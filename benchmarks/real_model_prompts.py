@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_lab.core.models import load_model_and_tokenizer
+from grpo_lab.model.models import load_model_and_tokenizer
 
 RESULTS = Path(__file__).parent / "results" / "real_model_prompts.json"
 ANSWER_TAG = "End your reply with 'Answer: ' and the number."

@@ -6,7 +6,7 @@
         --gen-tokens 16 --prompts 1 --generations 2 --max-new-tokens 8 --steps 2 \\
         --out /tmp/real_shapes.json                     # a smoke run: 1.5 min
 
-Models: grpo_lab.core.shaped_models (built once into the cache, seconds): the "vocab-only" shape
+Models: grpo_lab.model.shaped_models (built once into the cache, seconds): the "vocab-only" shape
 (Qwen2.5's 151,936-row vocabulary on a 64-wide, 2-layer body) and Qwen2.5-0.5B. Each measurement
 runs in a process of its own (`--one NAME`), so its peak resident memory (`ru_maxrss`) is its own;
 every process imports the same libraries first, and reports its memory after the imports, after
@@ -23,7 +23,7 @@ loading the model (`ready`) and at the end (`peak`), and the wall seconds of the
        learning rate, AdamW settings, beta = 0, activation checkpointing as --checkpointing.
        Goals (issue 33): grpo_lab's peak memory <= TRL's, its step time <= 0.8x TRL's (median
        over --steps; the first step is in it).
-    c. grpo_lab.core.memory_model's estimate of each step in (b) beside its measurement (the
+    c. grpo_lab.model.memory_model's estimate of each step in (b) beside its measurement (the
        model against the peak above the imports), and of the blog's recipe (Qwen2.5-Math-1.5B,
        bfloat16, LoRA r=1, 16 prompts x 8, 3,000 new tokens in a 4,096 context, 16,384-token
        micro-batches, no activation checkpointing) on a GPU.
@@ -34,7 +34,7 @@ sets `model.generation_config.min_new_tokens` to the cap (transformers fills the
 grpo_lab's and TRL's generation configs from it), and the completion lengths are recorded.
 A step that the memory model predicts beyond 90 % of the machine's available memory is skipped
 with the reason (`--force` runs it anyway). The memory model counts grpo_lab's logits in its
-chunks (grpo_lab.core.logprobs) and TRL's whole; the guard takes the larger.
+chunks (grpo_lab.algo.logprobs) and TRL's whole; the guard takes the larger.
 Results go to benchmarks/results/real_shapes.json (or --out) and are printed.
 """
 
@@ -56,9 +56,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpo_lab.core.logprobs import chunk_positions  # noqa: E402
-from grpo_lab.core.memory_model import GiB, MiB, StepSetting, step_memory  # noqa: E402
-from grpo_lab.core.shaped_models import QWEN25_05B, QWEN25_MATH_15B, SHAPES  # noqa: E402
+from grpo_lab.algo.logprobs import chunk_positions  # noqa: E402
+from grpo_lab.model.memory_model import GiB, MiB, StepSetting, step_memory  # noqa: E402
+from grpo_lab.model.shaped_models import QWEN25_05B, QWEN25_MATH_15B, SHAPES  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "real_shapes.json"
 GOALS = {"generation_ratio": 1.2, "step_memory_ratio": 1.0, "step_time_ratio": 0.8}
@@ -70,7 +70,7 @@ BLOG = StepSetting(prompts=16, num_generations=8, prompt_tokens=1096, completion
 """The blog's trainer (docs/recipe.md, run 3 on): 128 completions, up to 3,000 new tokens in a
 4,096 context (prompts taken at the rest, 1,096: the worst case), 16,384-token micro-batches (4
 full-length rows), no activation checkpointing, sampling on separate vLLM replicas; the LM head in
-grpo_lab.core.logprobs's chunks (2^24 logits: 110 positions)."""
+grpo_lab.algo.logprobs's chunks (2^24 logits: 110 positions)."""
 
 
 def rss_mib() -> float:
@@ -99,8 +99,8 @@ def import_all():
 
 
 def load(shape: str, cap: int):
-    from grpo_lab.core.models import load_model_and_tokenizer
-    from grpo_lab.core.shaped_models import shaped_model_path
+    from grpo_lab.model.models import load_model_and_tokenizer
+    from grpo_lab.model.shaped_models import shaped_model_path
 
     model, tokenizer = load_model_and_tokenizer(shaped_model_path(shape))
     model.generation_config.min_new_tokens = cap  # every completion runs to the cap
@@ -108,9 +108,9 @@ def load(shape: str, cap: int):
 
 
 def problems_of(path, n: int, split: str = "test"):
-    from grpo_lab.core.chat_model import as_problems
-    from grpo_lab.core.jsonl import read_jsonl
-    from grpo_lab.core.shaped_models import dataset_files
+    from grpo_lab.model.chat_model import as_problems
+    from grpo_lab.model.shaped_models import dataset_files
+    from grpo_lab.util.jsonl import read_jsonl
 
     return as_problems(read_jsonl(dataset_files(path)[split]))[:n]
 
@@ -119,11 +119,11 @@ def measure_generation(name: str, args) -> dict:
     """(a): one of GENERATION on the vocab-only shape; returns times and lengths."""
     import torch
 
-    from grpo_lab.core.evaluation import greedy_accuracy
-    from grpo_lab.core.generation import generate_completions, sampling_config
-    from grpo_lab.core.prompts import encode_prompts
-    from grpo_lab.core.rewards import math_answer_reward
-    from grpo_lab.core.shaped_models import shaped_model_path
+    from grpo_lab.data.prompts import encode_prompts
+    from grpo_lab.data.rewards import math_answer_reward
+    from grpo_lab.model.evaluation import greedy_accuracy
+    from grpo_lab.model.generation import generate_completions, sampling_config
+    from grpo_lab.model.shaped_models import shaped_model_path
 
     model, tokenizer = load("vocab-only", args.gen_tokens)
     problems = problems_of(shaped_model_path("vocab-only"), args.gen_prompts)
@@ -162,8 +162,8 @@ def measure_generation(name: str, args) -> dict:
 
 
 def grpo_lab_config(args, mode: str):
-    from grpo_lab.core.config import GRPOConfig
-    from grpo_lab.core.shaped_models import dataset_files, shaped_model_path
+    from grpo_lab.model.shaped_models import dataset_files, shaped_model_path
+    from grpo_lab.train.config import GRPOConfig
 
     path = shaped_model_path(args.shape)
     files = dataset_files(path)
@@ -205,8 +205,8 @@ def measure_trl_step(mode: str, args) -> dict:
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    from grpo_lab.core.prompts import encode_prompts
-    from grpo_lab.core.rewards import math_answer_reward
+    from grpo_lab.data.prompts import encode_prompts
+    from grpo_lab.data.rewards import math_answer_reward
 
     config = grpo_lab_config(args, mode)
     task = config.make_task()
@@ -268,7 +268,7 @@ def run_one(args) -> dict:
     torch.set_num_threads(args.threads)
     imports = rss_mib()
     if args.one == "build":
-        from grpo_lab.core.shaped_models import build_info, shaped_model_path
+        from grpo_lab.model.shaped_models import build_info, shaped_model_path
 
         result = {shape: build_info(shaped_model_path(shape))
                   for shape in ("vocab-only", args.shape)}
@@ -320,8 +320,8 @@ def longest_prompt(args) -> int:
     """The longest chat-formatted prompt of the word problems (tokens): the model's P."""
     from transformers import AutoTokenizer
 
-    from grpo_lab.core.prompts import encode_prompts
-    from grpo_lab.core.shaped_models import shaped_model_path
+    from grpo_lab.data.prompts import encode_prompts
+    from grpo_lab.model.shaped_models import shaped_model_path
 
     path = shaped_model_path(args.shape)
     tokenizer = AutoTokenizer.from_pretrained(path)

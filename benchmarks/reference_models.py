@@ -31,10 +31,10 @@ MKL_LEVEL = {"avx2": "AVX2", "default": "SSE4_2"}
 
 MEASURE = r"""
 import json, sys, tempfile, torch
-from grpo_lab.core.evaluation import greedy_accuracy
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.tasks import make_task
-from grpo_lab.core.tiny_model import TinyModelRecipe, build_tiny_model, tiny_model_path
+from grpo_lab.model.evaluation import greedy_accuracy
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.data.tasks import make_task
+from grpo_lab.model.tiny_model import TinyModelRecipe, build_tiny_model, tiny_model_path
 build = sys.argv[1] == "build"
 task = make_task("addition", eval_size=512)
 model, tokenizer = load_model_and_tokenizer(tiny_model_path(progress=False))

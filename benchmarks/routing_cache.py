@@ -9,7 +9,7 @@
 What runs, each in its own process with one torch thread: R `grpo-lab serve` replicas (prefix
 caching on, as by default, 16-token blocks as vLLM's) and `grpo-lab proxy` in front of them,
 started with `--routing affinity` and with `--routing round-robin` in turn (3 rounds of each,
-alternating which goes first). Each run is `grpo_lab.observe.routing_runs.routing_run` (notebook
+alternating which goes first). Each run is `grpo_lab_course.routing_runs.routing_run` (notebook
 06 runs it too): a fresh proxy, every replica's prefix cache flushed through it, so each run
 starts cold with the same requests. Token counts are summed over the rounds; completions per
 second is the median round.
@@ -62,8 +62,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
-from grpo_lab.serving.prefix_cache import DEFAULT_BLOCK_SIZE  # 16, vLLM's default --block-size
+from grpo_lab.serve.prefix_cache import DEFAULT_BLOCK_SIZE  # 16, vLLM's default --block-size
+from grpo_lab_course.routing_runs import ROUTINGS, routing_run, send_groups
 
 GOALS = {"prefill_ratio_max": 0.5}
 FEW_SHOT_TEMPLATE = "12+30=042,66+21=087,07+45=052, "  # <bos> + 31 characters: 2 full blocks
@@ -73,8 +73,8 @@ def chat_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
     """(model path, token ids of the first `n_prompts` training word problems, chat-templated)."""
     from transformers import AutoTokenizer
 
-    from grpo_lab.core.chat_model import SYSTEM_PROMPT, chat_model_path
-    from grpo_lab.core.prompts import encode_prompts
+    from grpo_lab.data.prompts import encode_prompts
+    from grpo_lab.model.chat_model import SYSTEM_PROMPT, chat_model_path
 
     path = chat_model_path(progress=False)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -87,8 +87,8 @@ def few_shot_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
     """(model path, token ids of `n_prompts` 8-digit sums behind the worked examples)."""
     from transformers import AutoTokenizer
 
-    from grpo_lab.core.tasks import AdditionTask, PrefixedTask
-    from grpo_lab.core.tiny_model import tiny_model_path
+    from grpo_lab.data.tasks import AdditionTask, PrefixedTask
+    from grpo_lab.model.tiny_model import tiny_model_path
 
     path = tiny_model_path(progress=False)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -102,9 +102,9 @@ def smollm2_workload(n_prompts: int) -> tuple[str, list[list[int]]]:
     system turn and the worked example) and a 14-token tail of the prompt's own."""
     from transformers import AutoTokenizer
 
-    from grpo_lab.core.pretrained import smollm2_path
-    from grpo_lab.core.prompts import encode_prompts
-    from grpo_lab.core.tasks import make_task
+    from grpo_lab.data.prompts import encode_prompts
+    from grpo_lab.data.tasks import make_task
+    from grpo_lab.model.pretrained import smollm2_path
 
     path = smollm2_path(progress=False)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -130,7 +130,7 @@ def predicted_prefill_tokens(prompts: list[list[int]], routing: str, replicas: i
     """Prefill tokens computed if each replica filled its (unbounded) cache one request at a
     time: round-robin sends request k to replica k mod R; affinity keeps a prompt's requests on
     one replica, prompts spread evenly. As the server, a cached prefix leaves >= 1 token."""
-    from grpo_lab.serving.block_hashes import chained_block_hashes
+    from grpo_lab.serve.block_hashes import chained_block_hashes
 
     cached: list[set[int]] = [set() for _ in range(replicas)]
     computed, k = 0, 0
@@ -165,8 +165,8 @@ def summarize(results: list[dict]) -> dict:
 def start_replicas(engine: str, workload: str, model_path: str, n_replicas: int,
                    log_dir: Path) -> list:
     """`n_replicas` servers of the workload's model, started at once (vLLM's start is slow)."""
-    from grpo_lab.serving.process import start_server_process
-    from grpo_lab.serving.vllm_process import start_vllm_process
+    from grpo_lab.serve.process import start_server_process
+    from grpo_lab.serve.vllm_process import start_vllm_process
 
     def start(k: int):
         log_path = log_dir / f"{engine}-{workload}-{n_replicas}-replica{k}.log"
@@ -188,7 +188,7 @@ def start_replicas(engine: str, workload: str, model_path: str, n_replicas: int,
 def measure(engine: str, workload: str, n_replicas: int, args, log_dir: Path) -> dict:
     """Both routings, `args.rounds` times each, on `n_replicas` fresh replicas of the workload
     served by `engine`; the replicas start once and serve every run (caches reset between)."""
-    from grpo_lab.serving.client import BlockingClient
+    from grpo_lab.serve.client import BlockingClient
 
     model_path, prompts = WORKLOADS[workload](args.prompts)
     max_tokens = args.max_tokens or MAX_TOKENS[workload]
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if not engines or set(engines) - set(ENGINES):
         parser.error(f"--engine: choose from {ENGINES} (got {args.engine!r})")
     if "vllm" in engines:
-        from grpo_lab.serving.vllm_process import vllm_missing_reason
+        from grpo_lab.serve.vllm_process import vllm_missing_reason
 
         if vllm_missing_reason():
             parser.error(vllm_missing_reason())

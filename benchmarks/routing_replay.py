@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from grpo_lab.proxy.routing_replay import replay
+from grpo_lab_course.routing_replay import replay
 
 GOALS = {"unmatched_reference_pct": 12.8, "spill_pct": 0.5}  # for 2 replicas
 QUICK_PROMPTS = 800  # --quick: 800 prompts x 8 = 6,400 rollouts, ~0.6 epoch of the problem set

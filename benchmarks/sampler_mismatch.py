@@ -20,7 +20,7 @@ Reported per engine and shape, with diff = log pi_trainer - log pi_sampler on re
   kl_k3                    k3 estimate of KL(pi_sampler || pi_trainer) (TRL AsyncGRPO's `kl`)
   correction               what TRL's importance-sampling modes (clip_max 3.0, no clip_min) do
                            to these samples: share of sequences (sequence_*) or tokens (token_*)
-                           masked or truncated (grpo_lab.core.sampler_correction), and TRL's
+                           masked or truncated (grpo_lab.algo.sampler_correction), and TRL's
                            `sampling/*` metrics of the default, sequence_mask
   same_tokens              share of completions whose token ids equal grpo-lab serve's (same
                            seed: child i of a request samples with seed + i on both engines)
@@ -46,27 +46,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.bucket.adapters import write_random_adapter  # noqa: E402
-from grpo_lab.core.grpo_loss import policy_logprobs  # noqa: E402
-from grpo_lab.core.models import (
-    load_model_and_tokenizer,  # noqa: E402
-    model_folder,  # noqa: E402
-)
-from grpo_lab.core.prompts import encode_prompts  # noqa: E402
-from grpo_lab.core.sampler_correction import (  # noqa: E402
+from grpo_lab.algo.grpo_loss import policy_logprobs  # noqa: E402
+from grpo_lab.algo.sampler_correction import (  # noqa: E402
     IS_MODES,
     sampler_correction_metrics,
     sampler_importance_weights,
     sampler_kl,
 )
-from grpo_lab.core.tasks import (
+from grpo_lab.bucket.adapters import write_random_adapter  # noqa: E402
+from grpo_lab.data.prompts import encode_prompts  # noqa: E402
+from grpo_lab.data.tasks import (
     AdditionTask,  # noqa: E402
     make_task,  # noqa: E402
 )
-from grpo_lab.serving.client import BlockingClient  # noqa: E402
-from grpo_lab.serving.process import start_server_process  # noqa: E402
-from grpo_lab.serving.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
-from grpo_lab.train.trainer import pad_left, pad_right  # noqa: E402
+from grpo_lab.model.models import (
+    load_model_and_tokenizer,  # noqa: E402
+    model_folder,  # noqa: E402
+)
+from grpo_lab.serve.client import BlockingClient  # noqa: E402
+from grpo_lab.serve.process import start_server_process  # noqa: E402
+from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
+from grpo_lab.train.rollout_batch import pad_left, pad_right
 
 TEMPERATURE = 0.7
 CLIP_MAX = 3.0  # TRL's vllm_importance_sampling_cap default

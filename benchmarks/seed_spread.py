@@ -28,13 +28,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's course/
-from course.notebooks import find_notebook, run_notebook  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's grpo_lab_course/
+from grpo_lab_course.notebooks import find_notebook, run_notebook  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "seed_spread.json"
 
 # Per notebook: the numbers to read back. A seed that misses a goal still counts: `finish`
-# records the results before it checks the goals (course/goals.py), and they are read back.
+# records the results before it checks the goals (grpo_lab_course/goals.py), and they are read back.
 COMPARISONS = {
     "02": {
         "notebook": "02_grpo_with_lora",

@@ -3,10 +3,10 @@
     python benchmarks/simulator_vs_blog.py            # seconds: 5 runs x 500 simulated steps
     python benchmarks/simulator_vs_blog.py --seeds 3  # the median over 3 seeds
 
-The stage costs come from the blog's run 1 only (grpo_lab.jobs.sim_blog.blog_costs: its step
+The stage costs come from the blog's run 1 only (grpo_lab.plan.sim_blog.blog_costs: its step
 time, fwd+bwd, MFU, micro-batches, generation rate, sync; the H200's data sheet; three stated
 priors); each later run changes only what the blog changed (blog_setting). Every published
-figure of runs 2-5 (grpo_lab.jobs.sim_blog.BLOG_RUNS) is set against the prediction with its
+figure of runs 2-5 (grpo_lab.plan.sim_blog.BLOG_RUNS) is set against the prediction with its
 relative error; the goal is 15 %, and each miss carries a one-line reason (REASONS). Run 1 is
 listed too, as the calibration's fit, not as a prediction. Results go to
 benchmarks/results/simulator_vs_blog.json and are printed.
@@ -22,20 +22,24 @@ import statistics
 import time
 from pathlib import Path
 
-from grpo_lab.jobs.sim_blog import (
+from grpo_lab.plan.sim_blog import (
     BACKWARD_OVER_FORWARD,
+    BLOG_RUNS,
     GPU_BUSY_SHARE,
     HBM_EFFICIENCY,
     TRAIN_EFFICIENCY,
+    blog_costs,
+    blog_setting,
 )
-from grpo_lab.jobs.simulator import BLOG_RUNS, blog_costs, blog_setting, simulate, summarize
-from grpo_lab.observe.sim_runs import PUBLISHED_AS
+from grpo_lab.plan.sim_records import summarize
+from grpo_lab.plan.simulator import simulate
+from grpo_lab_course.sim_runs import PUBLISHED_AS
 
 GOAL = 0.15
 ABS_TOL = {"rollout_wait_s": 0.1}
 """Seconds within which a near-zero published wait counts as met (a relative error of 0.02 s
 means nothing)."""
-FIGURES = PUBLISHED_AS  # published name -> summarize()'s (grpo_lab.observe.sim_runs)
+FIGURES = PUBLISHED_AS  # published name -> summarize()'s (grpo_lab_course.sim_runs)
 REASONS = {
     "fwd_bwd_s_p50": "the per-token cost is a prior (TRAIN_EFFICIENCY 0.35) and the backward a "
                      "textbook 2x forward; run 1's one-sample passes cannot separate a pass's "

@@ -7,7 +7,7 @@ and the demo (`grpo-lab demo --jobs local`).
 The five runs are run for real as notebook 08 runs them (two `grpo-lab serve` replicas and the
 proxy started by LocalLauncher from `recipe_plan(...).only(...)`, notebook 08's parameters:
 16 steps of 32 prompts x 4, the last 10 diagnosed, one sample per row, max_staleness 1;
-grpo_lab.observe.pipeline_runs.run_with_knobs). Before the servers start, a micro-benchmark
+grpo_lab_course.pipeline_runs.run_with_knobs). Before the servers start, a micro-benchmark
 measures this machine once (`measure_machine`, the "machine prior", like the blog check's
 datasheet): the trainer's own optimize() alone on one thread, one pass of 1 and of 128 samples
 and 16 samples in 16 passes, which splits a pass into a fixed cost and a cost per token. The
@@ -17,7 +17,7 @@ one factor, its step and wait give a replica's time per request. Stated priors (
 a decode step does not grow with its batch (the tiny model's step is the server's per-step
 overhead), and the trainer, the replicas and the proxy share the machine's cores
 (StageCosts.cores: each busy single-thread process gets cores / busy of a core). The other four
-runs are predicted with grpo_lab.jobs.simulator (worker "batch": grpo_lab's admission rule) and
+runs are predicted with grpo_lab.plan.simulator (worker "batch": grpo_lab's admission rule) and
 compared over notebook 08's window: step time, rollout wait, queue size and what both sides
 have; goal within 20 %. Then the demo runs as a newcomer's `make demo` does (its own replicas,
 proxy and trainer job: 16 prompts x 8, a row per group with its prompt once, a sync every step)
@@ -37,7 +37,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from grpo_lab.jobs.simulator import PipelineSetting, StageCosts, simulate
+from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
+from grpo_lab.plan.simulator import simulate
 
 GOAL = 0.20
 STEPS, WINDOW = 16, 10  # notebook 08's parameters cell: steps, window
@@ -79,9 +80,9 @@ def measure_machine(samples=(1, 128), split=16, repeats=5, prompt_tokens=7,
 
     import torch
 
-    from grpo_lab.core.generation import Completions
-    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-    from grpo_lab.rollout.config import AsyncGRPOConfig
+    from grpo_lab.data.completions import Completions
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_trainer import AsyncGRPOTrainer
     from grpo_lab.train.rollout_batch import RolloutBatch
 
     torch.set_num_threads(1)
@@ -147,9 +148,9 @@ NOTES = [
 def run_for_real() -> dict:
     """Notebook 08's five runs on this machine: {name: {knobs, records, seconds}}."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from grpo_lab.jobs.local import LocalLauncher
-    from grpo_lab.jobs.plan import recipe_plan
-    from grpo_lab.observe.pipeline_runs import run_with_knobs
+    from grpo_lab.launch.local import LocalLauncher
+    from grpo_lab.launch.recipe_plan import recipe_plan
+    from grpo_lab_course.pipeline_runs import run_with_knobs
 
     work = Path(tempfile.mkdtemp(prefix="grpo-lab-sim-course-"))
     plan = recipe_plan(backend="local", replicas=2, max_staleness=1, bucket=str(work / "bucket"),

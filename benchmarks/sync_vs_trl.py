@@ -48,10 +48,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.core.config import GRPOConfig  # noqa: E402
-from grpo_lab.core.evaluation import greedy_accuracy  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
-from grpo_lab.core.rewards import exact_match_reward  # noqa: E402
+from grpo_lab.data.rewards import exact_match_reward  # noqa: E402
+from grpo_lab.model.evaluation import greedy_accuracy  # noqa: E402
+from grpo_lab.model.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.train.config import GRPOConfig  # noqa: E402
 from grpo_lab.train.trainer import GRPOTrainer  # noqa: E402
 
 GOALS = {"time_ratio": 0.7, "gain_gap": 0.03}

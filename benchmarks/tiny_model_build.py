@@ -32,12 +32,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.core.evaluation import greedy_accuracy  # noqa: E402
-from grpo_lab.core.generation import generate_completions  # noqa: E402
-from grpo_lab.core.models import load_model_and_tokenizer  # noqa: E402
-from grpo_lab.core.rewards import exact_match_reward  # noqa: E402
-from grpo_lab.core.tasks import make_task  # noqa: E402
-from grpo_lab.core.tiny_model import TinyModelRecipe, build_tiny_model  # noqa: E402
+from grpo_lab.data.rewards import exact_match_reward  # noqa: E402
+from grpo_lab.data.tasks import make_task  # noqa: E402
+from grpo_lab.model.evaluation import greedy_accuracy  # noqa: E402
+from grpo_lab.model.generation import generate_completions  # noqa: E402
+from grpo_lab.model.models import load_model_and_tokenizer  # noqa: E402
+from grpo_lab.model.tiny_model import TinyModelRecipe, build_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "tiny_model_build.json"
 OLD_RECIPE = dict(warmup_lr=1e-3, warmup_batch_size=256, warmup_ramp_steps=1,

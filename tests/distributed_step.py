@@ -12,10 +12,12 @@ import sys
 
 import torch
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer, split
-from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.train.trainer import GRPOTrainer, RolloutBatch
+from grpo_lab.rollout.groups import split
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+from grpo_lab.train.config import GRPOConfig
+from grpo_lab.train.rollout_batch import RolloutBatch
+from grpo_lab.train.trainer import GRPOTrainer
 
 SMALL = dict(prompts_per_step=5, num_generations=4, eval_size=8, progress=False,  # tiny step
              log_completions_every=0, device="cpu", seed=3)
@@ -50,7 +52,7 @@ def step_on_fixed_samples(trainer: GRPOTrainer) -> dict:
     sizes = {"tokens": int(real.sum()),
              "term_size": batch.advantages.abs().unsqueeze(1).expand_as(real)[real].mean().item(),
              "positions": int(batch.prompt_mask.sum() + batch.completion_mask.sum())}
-    # The step's completions, every process's (grpo_lab.train.step_metrics): as one process's.
+    # The step's completions, every process's (grpo_lab.watch.step_metrics): as one process's.
     layout = {n: metrics[n] for n in ("batch/trained_tokens_per_step", "batch/samples_per_step",
                                       "batch/masked_token_frac", "sample/forwarded_tokens_max")}
     return {"loss": metrics["loss"], "ratio": metrics["ratio"], "grads": grads,

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from grpo_lab.core.processes import stop_groups
+from grpo_lab.util.processes import stop_groups
 
 MOUNTS_ENV = "HF_JOBS_EMULATOR_MOUNTS"
 LAG_ENV = "HF_JOBS_EMULATOR_MOUNT_LAG_S"
@@ -140,8 +140,8 @@ class HfJobsEmulator:
 
     def upload(self, uploads, token=None, build_wheel=None) -> None:
         """`upload_to_buckets`: each (source, hf://buckets/owner/name/path) copied in."""
-        from grpo_lab.jobs.hf_jobs import split_bucket_path
-        from grpo_lab.jobs.specs import PACKAGE_WHEEL
+        from grpo_lab.launch.hf_jobs import split_bucket_path
+        from grpo_lab.launch.specs import PACKAGE_WHEEL
 
         for source, destination in uploads:
             bucket_id, path = split_bucket_path(destination)
@@ -158,7 +158,7 @@ class HfJobsEmulator:
     def read_bucket_file(self, uri: str) -> bytes | None:
         """A download of `hf://buckets/owner/name/path` (None if absent): as the Hub's API sees
         the bucket, with no mount in between."""
-        from grpo_lab.jobs.hf_jobs import split_bucket_path
+        from grpo_lab.launch.hf_jobs import split_bucket_path
 
         bucket_id, path = split_bucket_path(uri)
         target = self.bucket_dir(bucket_id) / path

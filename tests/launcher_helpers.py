@@ -8,15 +8,12 @@ import textwrap
 import time
 from types import SimpleNamespace
 
-from grpo_lab.jobs.local import LocalLauncher
-from grpo_lab.jobs.plan import (
+from grpo_lab.launch.local import LocalLauncher
+from grpo_lab.launch.recipe_plan import (
     recipe_plan,
 )
-from grpo_lab.jobs.specs import (
-    JobSpec,
-    free_port,
-)
-from grpo_lab.serving.process import group_members, is_alive
+from grpo_lab.launch.specs import JobSpec
+from grpo_lab.util.processes import free_port, group_members, is_alive
 
 PY = sys.executable
 # A stand-in server: prints LINES log lines, optionally spawns a grandchild that ignores

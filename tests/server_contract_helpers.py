@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpo_lab.serving.client import ServerError
+from grpo_lab.serve.client import ServerError
 
 KEY = "test-key"
 LAG_S = 2.0

@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-from grpo_lab.core.generation import generate_completions, sample_from_ids
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
+from grpo_lab.model.generation import generate_completions, sample_from_ids
 from grpo_lab.rollout.buffer import RolloutBuffer
-from grpo_lab.rollout.config import AsyncGRPOConfig
 from grpo_lab.rollout.generators import Generator, LocalGenerator, is_peft_model
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer
 
 SMALL = dict(steps=4, prompts_per_step=4, num_generations=4, eval_size=32, eval_every=0,
              progress=False, log_every=100, trainer_threads=1, generator_threads=1)
@@ -251,7 +251,7 @@ def test_merged_adapter_samples_like_the_unmerged_one(tiny_model_and_tokenizer):
 def test_every_async_metric_is_in_the_glossary_and_the_trl_mapping(tiny_model_dir):
     from fnmatch import fnmatch
 
-    from grpo_lab.train.glossary import TRL_ASYNC_NAMES, glossary_name, unknown_metrics
+    from grpo_lab.watch.metric_names import TRL_ASYNC_NAMES, glossary_name, unknown_metrics
 
     cfg = AsyncGRPOConfig(model=str(tiny_model_dir), steps=3, prompts_per_step=2,
                           num_generations=2, eval_every=0, eval_size=4, progress=False,
@@ -262,4 +262,4 @@ def test_every_async_metric_is_in_the_glossary_and_the_trl_mapping(tiny_model_di
     assert unknown_metrics(dict.fromkeys(logged)) == []
     mapped = [r.ours for r in TRL_ASYNC_NAMES if r.ours]
     unmapped = [n for n in logged if not any(fnmatch(glossary_name(n), m) for m in mapped)]
-    assert not unmapped, f"no row in grpo_lab.train.glossary.TRL_ASYNC_NAMES: {unmapped}"
+    assert not unmapped, f"no row in grpo_lab.watch.metric_names.TRL_ASYNC_NAMES: {unmapped}"

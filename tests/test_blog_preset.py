@@ -13,19 +13,19 @@ import pytest
 from launcher_helpers import BUCKET, TOKEN, FakeJobs, blog_plan, flag_values
 
 from grpo_lab.cli.main import main
-from grpo_lab.jobs.blog import BLOG_TRAINING, PRESETS
-from grpo_lab.jobs.hf_jobs import (
+from grpo_lab.launch.blog import BLOG_TRAINING, PRESETS
+from grpo_lab.launch.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
     hf_volume,
     upload_to_buckets,
 )
-from grpo_lab.jobs.local import LaunchError
-from grpo_lab.jobs.plan import (
+from grpo_lab.launch.local import LaunchError
+from grpo_lab.launch.recipe_plan import (
     preset_config,
     recipe_plan,
 )
-from grpo_lab.jobs.specs import (
+from grpo_lab.launch.specs import (
     PACKAGE_WHEEL,
     BucketMount,
     flavor_gpus,
@@ -93,7 +93,7 @@ def test_preset_blog_dry_run_prints_bash_that_calls_python3(capsys):
         text = job.command[2] if job.command[:2] == ["bash", "-c"] else shlex.join(job.command)
         assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0, job.name
         assert not re.search(r"(^|[\s;&|(`])python(\s|$)", text), (job.name, text)
-    assert "python3 -m grpo_lab.jobs.local wait-healthy" in plan["trainer"].command[2]
+    assert "python3 -m grpo_lab.launch.local wait-healthy" in plan["trainer"].command[2]
     assert main(["launch", "--preset", "blog", "--replicas", "3", "--dry-run"]) == 0
     assert capsys.readouterr().out.count("hf jobs run --detach") == 4
     with pytest.raises(ValueError, match="unknown preset"):
@@ -133,8 +133,8 @@ def test_the_wheel_ships_the_package_and_goes_to_the_named_bucket(tmp_path):
     assert created == ("create", "me/grpo-lora", True, True, TOKEN)
     assert (bucket_id, in_bucket, token) == ("me/grpo-lora", f"sub/wheels/{package_wheel_name()}",
                                              TOKEN)
-    assert {"grpo_lab/cli/main.py", "grpo_lab/cli/__main__.py", "grpo_lab/jobs/hf_jobs.py",
-            "grpo_lab/serving/server.py"} <= names
+    assert {"grpo_lab/cli/main.py", "grpo_lab/cli/__main__.py", "grpo_lab/launch/hf_jobs.py",
+            "grpo_lab/serve/server.py"} <= names
     with pytest.raises(ValueError, match="Storage Bucket"):
         upload_to_buckets([("x.whl", "hf://buckets/me")], api=Api())
 

@@ -4,18 +4,18 @@ import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lab.core.chat_model import (
+from grpo_lab.data.prompts import encode_prompts
+from grpo_lab.data.rewards import math_answer_reward
+from grpo_lab.data.word_problems import word_problems, write_word_problems
+from grpo_lab.model.chat_model import (
     DATA_FOLDER,
     SYSTEM_PROMPT,
     ChatModelRecipe,
     as_problems,
     build_bpe_tokenizer,
 )
-from grpo_lab.core.evaluation import greedy_accuracy
-from grpo_lab.core.jsonl import read_jsonl
-from grpo_lab.core.prompts import encode_prompts
-from grpo_lab.core.rewards import math_answer_reward
-from grpo_lab.core.word_problems import word_problems, write_word_problems
+from grpo_lab.model.evaluation import greedy_accuracy
+from grpo_lab.util.jsonl import read_jsonl
 
 
 def _corpus():

@@ -9,7 +9,7 @@ import pytest
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser, main
-from grpo_lab.core.config import GRPOConfig
+from grpo_lab.train.config import GRPOConfig
 
 
 def test_every_config_field_has_a_docstring_and_a_flag():

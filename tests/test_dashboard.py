@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from grpo_lab.observe.dashboard import Dashboard
-from grpo_lab.observe.diagnose import diagnose
-from grpo_lab.observe.plots import plot_pipeline
-from grpo_lab.train.metrics import MetricsLogger
+from grpo_lab.watch.dashboard import Dashboard
+from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.metrics import MetricsLogger
+from grpo_lab.watch.plots import plot_pipeline
 
 
 def run_records(regime: str, steps: int = 30) -> list[dict]:
@@ -238,7 +238,7 @@ def test_a_synchronous_run_shows_only_the_plots_that_have_data():
 @pytest.mark.parametrize("n, shape", [(1, (1, 1)), (3, (1, 3)), (4, (1, 4)), (5, (2, 3)),
                                       (6, (2, 3)), (7, (2, 4)), (8, (2, 4)), (9, (3, 3))])
 def test_grid_leaves_at_most_the_fewest_empty_cells(n, shape):
-    from grpo_lab.observe.plots import grid_shape
+    from grpo_lab.watch.plots import grid_shape
 
     assert grid_shape(n) == shape
 
@@ -307,7 +307,7 @@ def _metrics_server(text: str):
 
 
 def test_replica_cache_stats_sums_the_replicas_prometheus_counters():
-    from grpo_lab.observe.live_stats import replica_cache_stats, router_counters
+    from grpo_lab.watch.live_stats import replica_cache_stats, router_counters
 
     page = ("# TYPE vllm:prefix_cache_queries counter\n"
             'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}\n'

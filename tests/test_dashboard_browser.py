@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grpo_lab.core.processes import free_port, stop_groups
+from grpo_lab.util.processes import free_port, stop_groups
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30
@@ -64,8 +64,8 @@ def find_chromium() -> str | None:
 def write_notebook(path: Path, model_dir: Path) -> None:
     """A notebook that shows the live dashboard while the tiny model trains synchronously."""
     setup = (
-        "from grpo_lab.core.config import GRPOConfig\n"
-        "from grpo_lab.observe.dashboard import Dashboard\n"
+        "from grpo_lab.train.config import GRPOConfig\n"
+        "from grpo_lab.watch.dashboard import Dashboard\n"
         "from grpo_lab.train.trainer import GRPOTrainer\n\n"
         f"config = GRPOConfig(model={str(model_dir)!r}, steps={STEPS}, prompts_per_step=8,\n"
         "                    num_generations=8, eval_every=0, eval_size=16, log_every=10**6,\n"

@@ -8,9 +8,9 @@ import datasets
 import pandas as pd
 import pytest
 
-from grpo_lab.core.datasets import DatasetTask, load_dataset_task
-from grpo_lab.core.prompts import prompt_key
-from grpo_lab.core.tasks import Problem
+from grpo_lab.data.datasets import DatasetTask, load_dataset_task
+from grpo_lab.data.prompts import prompt_key
+from grpo_lab.data.tasks import Problem
 
 CHAT = [{"role": "system", "content": "Answer with a number."},
         {"role": "user", "content": "What is 2+2?"}]

@@ -68,7 +68,7 @@ def test_supported_stacks_fall_inside_the_ranges(stack):
 def test_the_trl_extra_is_the_range_grpo_lab_checks_at_run_time():
     """TRL is an extra whose range is what CI tests (1.16.x); `require_trl` refuses any other
     release by that same range (tests/test_trl_async_job.py), and the core has no TRL."""
-    from grpo_lab.rollout.trl_cpu import TRL_EXTRA as CHECKED
+    from grpo_lab.trl.cpu import TRL_EXTRA as CHECKED
 
     assert [str(r) for r in TRL_EXTRA] == [str(Requirement(CHECKED))]
     assert "trl" not in {req.name.lower() for req in CORE}

@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.generation import Completions
-from grpo_lab.core.tasks import Problem
-from grpo_lab.rollout.config import AsyncGRPOConfig
+from grpo_lab.data.completions import Completions
+from grpo_lab.data.tasks import Problem
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.dynamic_sampling import sample_with_signal
 from grpo_lab.train.rollout_batch import SampledGroups, zero_std_groups
 from grpo_lab.train.trainer import GRPOTrainer
@@ -103,7 +103,7 @@ SMALL = dict(steps=1, prompts_per_step=4, num_generations=4, eval_every=0, eval_
 # Exact match on prompts whose answer is even; 0 for every completion of the others: a group
 # without signal by construction, whatever the model samples on this machine.
 EVEN_ANSWERS_ONLY = """
-from grpo_lab.core.rewards import exact_match_reward
+from grpo_lab.data.rewards import exact_match_reward
 
 
 def reward(completions, answer, **kwargs):
@@ -118,8 +118,8 @@ def test_the_trainer_trains_only_on_groups_with_signal(tiny_model_dir, tmp_path,
     leaves all 4 groups of 4 with signal in ~40 % of steps): the reward scores only prompts with
     an even answer, and 3 of the seed's first 4 have odd ones (prompts come from Python's seeded
     `random`, the same on every machine); the model's exact matches give the even ones signal."""
-    from grpo_lab.core.tasks import AdditionTask
-    from grpo_lab.train.glossary import unknown_metrics
+    from grpo_lab.data.tasks import AdditionTask
+    from grpo_lab.watch.metric_names import unknown_metrics
 
     (tmp_path / "even_answers_only.py").write_text(EVEN_ANSWERS_ONLY)
     monkeypatch.syspath_prepend(str(tmp_path))

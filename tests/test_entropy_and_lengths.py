@@ -6,18 +6,18 @@ import math
 import pytest
 import torch
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.generation import Completions
-from grpo_lab.core.grpo_loss import (
+from grpo_lab.algo.grpo_loss import (
     grpo_loss,
     masked_mean,
     policy_logprobs_and_entropy,
     token_logprobs,
     token_logprobs_and_entropy,
 )
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches
+from grpo_lab.algo.packing import accumulate_grpo_loss, make_micro_batches
+from grpo_lab.data.completions import Completions
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.rollout_batch import RolloutBatch, pad_left, pad_right, rollout_metrics
 from grpo_lab.train.trainer import GRPOTrainer
 

@@ -1,5 +1,5 @@
-"""grpo_lab.observe.failure_plots (notebook 10's readings and drawings of runs) and the rule
-checks of grpo_lab.observe.diagnose that notebook 08's exercise uses; no notebook runs."""
+"""grpo_lab_course.failure_plots (notebook 10's readings and drawings of runs) and the rule
+checks of grpo_lab.watch.diagnose that notebook 08's exercise uses; no notebook runs."""
 
 import math
 from types import SimpleNamespace
@@ -10,8 +10,8 @@ import torch
 
 matplotlib.use("Agg")
 
-from grpo_lab.observe import failure_plots as fp  # noqa: E402
-from grpo_lab.observe.diagnose import made_up_windows, rule_agrees  # noqa: E402
+from grpo_lab.watch.diagnose import made_up_windows, rule_agrees  # noqa: E402
+from grpo_lab_course import failure_plots as fp  # noqa: E402
 
 
 def records(rewards, clipped, **extra):

@@ -1,5 +1,5 @@
-"""MFU (grpo_lab.core.flops): the FLOP count, the peaks, and the trainers' `perf/mfu_*` and
-`batch/*` metrics (grpo_lab.train.step_metrics)."""
+"""MFU (grpo_lab.watch.flops): the FLOP count, the peaks, and the trainers' `perf/mfu_*` and
+`batch/*` metrics (grpo_lab.watch.step_metrics)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from grpo_lab.core import flops
-from grpo_lab.core.flops import flops_per_token, gpu_peak_flops, mfu
+from grpo_lab.algo.packing import make_micro_batches
 from grpo_lab.train.distributed import Processes
-from grpo_lab.train.packing import make_micro_batches
 from grpo_lab.train.rollout_batch import RolloutBatch
-from grpo_lab.train.step_metrics import layout_metrics, throughput_metrics
+from grpo_lab.watch import flops
+from grpo_lab.watch.flops import flops_per_token, gpu_peak_flops, mfu
+from grpo_lab.watch.step_metrics import layout_metrics, throughput_metrics
 
 # h 64, 2 layers, vocab 100, 4 query heads and 2 key/value heads of 16, MLP 128
 SMALL = LlamaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=100, num_attention_heads=4,
@@ -115,9 +115,9 @@ def test_layout_metrics_of_padded_micro_batches():
 
 
 def test_a_short_async_run_logs_mfu(tiny_model_dir, tmp_path):
-    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-    from grpo_lab.rollout.config import AsyncGRPOConfig
-    from grpo_lab.train.metrics import read_metrics
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+    from grpo_lab.watch.metrics import read_metrics
 
     cfg = AsyncGRPOConfig(model=str(tiny_model_dir), steps=3, prompts_per_step=2,
                           num_generations=2, eval_every=0, eval_size=4, progress=False,
@@ -134,7 +134,7 @@ def test_a_short_async_run_logs_mfu(tiny_model_dir, tmp_path):
 def test_a_subclass_with_its_own_update_still_steps(tiny_model_dir):
     """Notebook 01 overrides `optimize` with its own stage 4: no layout metrics, so no
     throughput or MFU, and the step goes on."""
-    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.train.config import GRPOConfig
     from grpo_lab.train.trainer import GRPOTrainer
 
     class OwnUpdate(GRPOTrainer):

@@ -1,4 +1,4 @@
-"""Following and cancelling a run on Hugging Face Jobs (grpo_lab.jobs.follow), against a stand-in
+"""Following and cancelling a run on Hugging Face Jobs (grpo_lab.launch.follow), against a stand-in
 for HfApi's jobs methods: no network, no token, stages that progress on a script."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from huggingface_hub import HfApi, JobInfo
 from huggingface_hub._jobs_api import TERMINAL_JOB_STAGES
 
 from grpo_lab.cli.main import main
-from grpo_lab.jobs import follow
-from grpo_lab.jobs.follow import ENDED_STAGES, cancel_run, follow_run, run_record_path
-from grpo_lab.jobs.hf_jobs import RUN_LABEL, HfJobsLauncher
-from grpo_lab.jobs.plan import recipe_plan
+from grpo_lab.launch import follow
+from grpo_lab.launch.follow import ENDED_STAGES, cancel_run, follow_run, run_record_path
+from grpo_lab.launch.hf_jobs import RUN_LABEL, HfJobsLauncher
+from grpo_lab.launch.recipe_config import RecipeConfig
+from grpo_lab.launch.recipe_plan import recipe_plan
 
 TOKEN = "hf_fake_token_for_tests"
 BUCKET = "hf://buckets/me/grpo-lora"
@@ -195,7 +196,7 @@ def test_cancel_run_cancels_exactly_that_runs_jobs(home, monkeypatch, capsys):
     # nothing left to cancel; a run nobody knows is an error
     assert cancel_run("r1", api=hub) == 0 and cancel_run("r3", api=hub) == 1
     assert launch(hub, monkeypatch, "--cancel", "../r1") == 1
-    assert "not a run name" in capsys.readouterr().err
+    assert "labels take letters, digits" in capsys.readouterr().err
 
 
 def test_a_failed_cancel_does_not_stop_the_others(home, monkeypatch, capsys):
@@ -212,3 +213,16 @@ def test_a_failed_cancel_does_not_stop_the_others(home, monkeypatch, capsys):
     replica_0 = hub.ids_of("r1", "replica-0")[0]
     assert f"could not cancel replica-0 ({replica_0}): RuntimeError: 503" in err
     assert "not cancelled: replica-0" in err
+
+
+def test_a_run_name_the_hub_would_refuse_is_named_before_anything_is_submitted(tmp_path,
+                                                                               capsys):
+    with pytest.raises(ValueError, match=r"'Blog\.v1 run'.*use e\.g\. 'Blog-v1-run'"):
+        RecipeConfig(run_name="Blog.v1 run")
+    assert RecipeConfig(run_name="blog_v1-2").run_name == "blog_v1-2"
+    # the command line says so, and fails, before a plan is made
+    try:
+        code = main(["launch", "--dry-run", "--bucket", str(tmp_path), "--run-name", "a.b"])
+    except SystemExit as stopped:
+        code = stopped.code
+    assert code != 0 and "use e.g. 'a-b'" in capsys.readouterr().err

@@ -1,7 +1,7 @@
-"""course.goals.GOAL_MARGINS: each numeric goal's distance to its threshold, as
+"""grpo_lab_course.goals.GOAL_MARGINS: each numeric goal's distance to its threshold, as
 benchmarks/outcomes_across_machines.py records it."""
 
-from course.goals import GOAL_MARGINS, NOTEBOOK_GOALS, goal_margins
+from grpo_lab_course.goals import GOAL_MARGINS, NOTEBOOK_GOALS, goal_margins
 
 
 def test_margins_are_relative_and_signed_by_direction():

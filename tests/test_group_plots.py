@@ -1,4 +1,4 @@
-"""grpo_lab.observe.group_plots: the figures draw the group they are given."""
+"""grpo_lab_course.group_plots: the figures draw the group they are given."""
 
 import matplotlib
 
@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from grpo_lab.core.grpo_loss import group_advantages
-from grpo_lab.observe.group_plots import (
+from grpo_lab.algo.grpo_loss import group_advantages
+from grpo_lab_course.group_plots import (
     RIGHT,
     WRONG,
     SampledGroups,
@@ -64,9 +64,9 @@ def test_token_weight_bars_are_advantage_times_weight():
 
 def test_sample_groups_scores_its_texts_and_a_seed_leaves_the_global_stream(
         tiny_model_and_tokenizer):
-    from grpo_lab.core.rewards import exact_match_reward
-    from grpo_lab.core.tasks import make_task
-    from grpo_lab.observe.group_plots import sample_groups
+    from grpo_lab.data.rewards import exact_match_reward
+    from grpo_lab.data.tasks import make_task
+    from grpo_lab_course.group_plots import sample_groups
 
     model, tokenizer = tiny_model_and_tokenizer
     problems = make_task("addition").eval_set()[:2]
@@ -82,7 +82,7 @@ def test_sample_groups_scores_its_texts_and_a_seed_leaves_the_global_stream(
 
 
 def test_print_groups_writes_one_line_per_prompt(capsys):
-    from grpo_lab.observe.group_plots import print_groups
+    from grpo_lab_course.group_plots import print_groups
     print_groups(SampledGroups(["1+1=", "2+2="], ["02", "04"], [["02", "3"], ["04", "04"]],
                                [[1.0, 0.0], [1.0, 1.0]]))
     lines = capsys.readouterr().out.splitlines()
@@ -93,7 +93,7 @@ def test_print_groups_writes_one_line_per_prompt(capsys):
 def test_clip_runs_checks_the_surrogate_then_trains_both():
     from types import SimpleNamespace
 
-    from grpo_lab.observe.group_plots import compare_clip_runs
+    from grpo_lab_course.group_plots import compare_clip_runs
     example = (-torch.rand(2, 3), -torch.rand(2, 3), torch.tensor([1.0, -1.0]))
 
     def unclipped(lp, old, a):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo_lab.core import grpo_loss as core
+from grpo_lab.algo import grpo_loss as core
 
 
 def test_token_logprobs_divides_by_temperature():
@@ -114,8 +114,8 @@ def test_position_ids_skip_left_padding():
 
 def test_policy_logprobs_equal_generation_logprobs(tiny_model_and_tokenizer):
     """The trainer's forward pass must score exactly what `generate` sampled (left padding too)."""
-    from grpo_lab.core.generation import generate_completions
-    from grpo_lab.train.trainer import pad_left, pad_right
+    from grpo_lab.model.generation import generate_completions
+    from grpo_lab.train.rollout_batch import pad_left, pad_right
 
     model, tokenizer = tiny_model_and_tokenizer
     torch.manual_seed(0)

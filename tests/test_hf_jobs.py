@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,26 +19,25 @@ from launcher_helpers import BUCKET, PY, TOKEN, FakeJobs, blog_plan, flag_values
 
 from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser, main
-from grpo_lab.jobs.blog import BLOG_TRAINING
-from grpo_lab.jobs.hf_jobs import (
+from grpo_lab.launch.blog import BLOG_TRAINING
+from grpo_lab.launch.hf_jobs import (
     HfJobsLauncher,
     hf_jobs_commands,
     package_source,
 )
-from grpo_lab.jobs.install import CPU_TORCH_INDEX, wheel_install
-from grpo_lab.jobs.local import LaunchError, fill_urls
-from grpo_lab.jobs.plan import (
-    LOCAL_RUN_DIR,
-    max_lora_rank,
-    recipe_plan,
-)
-from grpo_lab.jobs.specs import (
+from grpo_lab.launch.install import CPU_TORCH_INDEX, wheel_install
+from grpo_lab.launch.local import LaunchError, fill_urls
+from grpo_lab.launch.recipe_config import RecipeConfig
+from grpo_lab.launch.recipe_plan import recipe_plan
+from grpo_lab.launch.replica_commands import max_lora_rank
+from grpo_lab.launch.specs import (
     PACKAGE_WHEEL,
     package_wheel_name,
 )
-from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
-from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.serving.config import ServeConfig
+from grpo_lab.launch.trainer_args import LOCAL_RUN_DIR
+from grpo_lab.serve.config import ServeConfig
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_job import TrainAsyncJobConfig
 
 
 def test_hf_jobs_run_job_gets_exactly_the_blog_setup():
@@ -147,7 +147,7 @@ def test_hf_jobs_commands_pass_bash_n_and_call_python3(replica_flavor):
         checked = subprocess.run(["bash", "-n", "-c", text], capture_output=True, text=True)
         assert checked.returncode == 0, (job.name, checked.stderr)
         assert not re.search(r"(^|[\s;&|(`])python(\s|$)", text), (job.name, text)
-    assert "python3 -m grpo_lab.jobs.local wait-healthy" in plan["trainer"].command[2]
+    assert "python3 -m grpo_lab.launch.local wait-healthy" in plan["trainer"].command[2]
 
 
 def test_hf_jobs_failed_submission_cancels_the_submitted_jobs():
@@ -363,7 +363,7 @@ def test_trainer_trl_runs_trls_job_with_flags_it_takes(tmp_path):
     own --request-shape, with its checkpoints; --resume (a restarted job continues from TRL's
     newest checkpoint) and no --local-dir (the job rewrites its files whole); the wheel's `trl`
     extra and `kernels` (TRL's attention kernel) installed in the vLLM image."""
-    from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig
+    from grpo_lab.trl.async_job import TrlAsyncJobConfig
 
     plans = {"gpu": blog_plan(trainer="trl"),
              "gpu-trainer-cpu-replicas": recipe_plan(backend="hf-jobs", bucket=BUCKET,
@@ -404,3 +404,24 @@ def test_trainer_trl_on_a_cpu_flavor_is_refused(capsys):
     assert err.startswith("grpo-lab: error: --trainer trl needs a GPU") and "python:3.12" in err
     # the same CPU flavor with grpo_lab's own trainer stays a valid plan
     recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r", trainer_flavor="cpu-upgrade")
+
+
+def test_a_jobs_timeout_follows_the_forecast(tmp_path, capsys):
+    """Without --timeout, a GPU plan's jobs get the forecast wall clock with a margin; a given
+    timeout shorter than the forecast is refused before anything is submitted (issue 47)."""
+    from grpo_lab.cli.launch import TIMEOUT_MARGIN, timeout_from_forecast, timeout_seconds
+
+    config = RecipeConfig(backend="hf-jobs", bucket="me/b", replica_flavor="h200",
+                          trainer_flavor="h200")
+    fitted, how = timeout_from_forecast(config, 2 * 3600, given=False)
+    assert timeout_seconds(fitted.timeout) >= 2 * 3600 * TIMEOUT_MARGIN and "forecast" in how
+    with pytest.raises(ValueError, match="longer than --timeout 1h"):
+        timeout_from_forecast(replace(config, timeout="1h"), 2 * 3600, given=True)
+    assert main(["launch", "--dry-run", "--backend", "hf-jobs", "--bucket", "hf://buckets/me/b",
+                 "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t"]) == 0
+    out = capsys.readouterr().out
+    assert "timeout: --timeout " in out and "--timeout 4h" not in out
+    assert main(["launch", "--dry-run", "--backend", "hf-jobs", "--bucket", "hf://buckets/me/b",
+                 "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t",
+                 "--timeout", "30m"]) == 2
+    assert "would be killed" in capsys.readouterr().err

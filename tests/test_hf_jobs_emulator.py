@@ -19,10 +19,11 @@ import pytest
 from hf_jobs_emulator import MOUNTS_ENV, HfJobsEmulator, run_job_keywords
 from huggingface_hub import HfApi
 
-from grpo_lab.jobs.hf_jobs import HfJobsLauncher
-from grpo_lab.jobs.install import wheel_install
-from grpo_lab.jobs.plan import RecipeConfig, default_trainer_args, recipe_plan
-from grpo_lab.jobs.specs import package_wheel_name
+from grpo_lab.launch.hf_jobs import HfJobsLauncher
+from grpo_lab.launch.install import wheel_install
+from grpo_lab.launch.recipe_plan import RecipeConfig, recipe_plan
+from grpo_lab.launch.specs import package_wheel_name
+from grpo_lab.launch.trainer_args import default_trainer_args
 
 TOKEN = "hf_emulated_token"
 BUCKET_ID = "me/grpo-lora"
@@ -51,7 +52,7 @@ def test_the_emulated_mounts_refuse_what_a_bucket_mount_refuses(tmp_path):
     (ro / "adapter.bin").write_text("weights")
     script = textwrap.dedent(f"""
         import os, pathlib, shutil
-        from grpo_lab.train.metrics import MetricsLogger
+        from grpo_lab.watch.metrics import MetricsLogger
         ro, rw = pathlib.Path({str(ro)!r}), pathlib.Path({str(rw)!r})
         def refused(action):
             try:

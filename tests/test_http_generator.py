@@ -8,12 +8,12 @@ import copy
 import pytest
 import torch
 
+from grpo_lab.algo.grpo_loss import policy_logprobs
 from grpo_lab.bucket.adapters import AdapterBucket
-from grpo_lab.core.grpo_loss import policy_logprobs
 from grpo_lab.rollout.generators import Generator
 from grpo_lab.rollout.http_generator import HTTPGenerator
-from grpo_lab.serving.client import ServerError
-from grpo_lab.train.trainer import pad_left, pad_right
+from grpo_lab.serve.client import ServerError
+from grpo_lab.train.rollout_batch import pad_left, pad_right
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def test_publish_syncs_versions_and_generate_matches_the_trainer(server, tmp_pat
 @pytest.mark.parametrize("request_shape, requests_per_step", [("group", 4), ("single", 16)])
 def test_grpo_steps_over_http_keep_the_ratio_at_1(server, tmp_path, tiny_model_and_tokenizer,
                                                  request_shape, requests_per_step):
-    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-    from grpo_lab.rollout.config import AsyncGRPOConfig
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_trainer import AsyncGRPOTrainer
 
     torch.set_num_threads(1)
     model, tokenizer = tiny_model_and_tokenizer
@@ -160,3 +160,40 @@ def test_max_inflight_must_be_positive(tmp_path):
         HTTPGenerator("http://127.0.0.1:9", AdapterBucket(tmp_path), max_inflight=0)
     with pytest.raises(ValueError, match="request_shape"):
         HTTPGenerator("http://127.0.0.1:9", AdapterBucket(tmp_path), request_shape="n")
+
+
+def test_a_python_run_after_a_failed_one_cleans_the_server_and_numbers_after_the_bucket(
+        server, tmp_path, tiny_model_and_tokenizer):
+    """A run that died leaves its adapters loaded and its versions in the bucket; the next
+    Python run on the same server and bucket unloads them and numbers its versions after them
+    (as `grpo-lab train-async` does), instead of failing on a name already taken."""
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+
+    torch.set_num_threads(1)
+    model, tokenizer = tiny_model_and_tokenizer
+    config = AsyncGRPOConfig(steps=2, prompts_per_step=2, num_generations=2, eval_size=8,
+                             eval_every=0, progress=False, log_every=100, asynchronous=False,
+                             lora_rank=1, max_staleness=1)
+    bucket = AdapterBucket(tmp_path / "lora", prefix="failed", max_staleness=1)
+    first = HTTPGenerator(server.url, bucket, max_staleness=1, seed=0)
+    try:  # the "failed" run: two versions published, never cleaned up
+        peft = AsyncGRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer,
+                                generator=first)
+        first.publish(peft.model, 0)
+        first.publish(peft.model, 1)
+    finally:
+        first.close()
+    second = HTTPGenerator(server.url, AdapterBucket(tmp_path / "lora", prefix="failed",
+                                                     max_staleness=1), max_staleness=1, seed=0)
+    try:
+        trainer = AsyncGRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer,
+                                   generator=second)
+        records = [r for r in trainer.train() if r["step"] > 0]
+        assert len(records) == 2
+        assert second.unloaded_at_start == ["failed-v0", "failed-v1"]
+        assert [s["version"] for s in second.syncs] == [2, 3, 4]  # after the bucket's 0 and 1
+        loaded = [m["id"] for m in second.client.models() if m["id"].startswith("failed-")]
+        assert loaded == ["failed-v3", "failed-v4"]
+    finally:
+        second.close()

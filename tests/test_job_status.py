@@ -1,4 +1,4 @@
-"""grpo_lab.observe.job_status: reading a run of separate jobs from outside (notebook 07)."""
+"""grpo_lab_course.job_status: reading a run of separate jobs from outside (notebook 07)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import matplotlib
 import pytest
 
-from grpo_lab.observe.job_status import (
+from grpo_lab_course.job_status import (
     adapters,
     last_step,
     loaded_versions,

@@ -1,13 +1,14 @@
 """The package's layout, read statically (ast, nothing of grpo_lab is imported but its __init__).
 
-One folder per stage of the course, in the order of `grpo_lab.STAGES`. Checked here:
+One folder per role, in the order of `grpo_lab.ROLES`. Checked here:
 - no import cycle between grpo_lab's modules. Every import counts, the ones inside functions
   too: no deliberate lazy import closes a cycle today, so none may start one;
-- no module imports a stage that comes after its own;
+- no module imports a role folder that comes after its own;
+- nothing in grpo_lab imports the course's helpers (`grpo_lab_course`), and they live outside it;
 - every import of grpo_lab (in the package, tests, benchmarks and the notebooks' code cells)
   names a module or package that exists, and every `-m grpo_lab...` command can run;
-- the folders are exactly the stages, the stages' __init__ files import nothing, and no module
-  is longer than MAX_LINES.
+- the folders are exactly the roles, their __init__ files import nothing, and no module is
+  longer than MAX_LINES.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import grpo_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_lab"
-STAGES = grpo_lab.STAGES
+ROLES = grpo_lab.ROLES
+COURSE = "grpo_lab_course"
 MAX_LINES = 600
 """A module is as long as its concept (issue 45): at 350, concepts were split across files only to
 fit (five sim_* modules re-exporting each other), which a reader pays for more than for length."""
@@ -36,14 +38,15 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 PACKAGES = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
 
 
-def _stage(module: str) -> str | None:
+def _role(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None  # None: grpo_lab itself
 
 
 def _imports(tree: ast.AST, module: str | None) -> list[tuple[str, int]]:
     """(grpo_lab module or package imported, line) for every import in the tree, wherever it
-    stands; `module` resolves relative imports (None: outside the package)."""
+    stands; `module` resolves relative imports (None: outside the package, where a relative import
+    is the course package's own)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -51,7 +54,8 @@ def _imports(tree: ast.AST, module: str | None) -> list[tuple[str, int]]:
                       if a.name.split(".")[0] == "grpo_lab"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                assert module is not None, f"a relative import outside grpo_lab, line {node.lineno}"
+                if module is None:  # the course's helpers importing each other
+                    continue
                 package = module if module in PACKAGES else module.rsplit(".", 1)[0]
                 base = package.split(".")
                 base = base[: len(base) - (node.level - 1)]
@@ -60,7 +64,7 @@ def _imports(tree: ast.AST, module: str | None) -> list[tuple[str, int]]:
                 target = node.module
             else:
                 continue
-            # `from grpo_lab.core import grpo_loss` imports the module grpo_lab.core.grpo_loss
+            # `from grpo_lab.algo import grpo_loss` imports the module grpo_lab.algo.grpo_loss
             submodules = [f"{target}.{a.name}" for a in node.names
                           if f"{target}.{a.name}" in MODULES]
             found += [(m, node.lineno) for m in submodules]
@@ -95,21 +99,32 @@ def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
-def test_the_folders_are_the_stages():
+def test_the_folders_are_the_roles():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.glob("*.py"))}
-    assert folders == set(STAGES), f"folders {sorted(folders)} vs grpo_lab.STAGES {STAGES}"
+    assert folders == set(ROLES), f"folders {sorted(folders)} vs grpo_lab.ROLES {ROLES}"
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    assert not loose, f"modules outside a stage folder: {loose}"
-    for stage in STAGES:
-        init = PACKAGE / stage / "__init__.py"
-        assert init.is_file(), f"{stage}/ is not a package"
+    assert not loose, f"modules outside a role folder: {loose}"
+    for role in ROLES:
+        init = PACKAGE / role / "__init__.py"
+        assert init.is_file(), f"{role}/ is not a package"
         tree = ast.parse(init.read_text())
-        assert ast.get_docstring(tree), f"{stage}/__init__.py: say what the stage is"
+        assert ast.get_docstring(tree), f"{role}/__init__.py: say what the folder is for"
         assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], (
-            f"{stage}/__init__.py imports something: keep importing a stage free")
+            f"{role}/__init__.py imports something: keep importing a folder free")
     doc = grpo_lab.__doc__
-    rows = [doc.find(f"\n    {stage}/ ") for stage in STAGES]
-    assert -1 not in rows and rows == sorted(rows), "grpo_lab's docstring lists the stages in order"
+    rows = [doc.find(f"\n    {role}/ ") for role in ROLES]
+    assert -1 not in rows and rows == sorted(rows), "grpo_lab's docstring lists the roles in order"
+
+
+def test_the_library_never_imports_the_course():
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
+                    if n.split(".")[0] == COURSE]
+    assert not bad, f"the library imports the course's helpers: {bad}"
 
 
 def test_no_import_cycle():
@@ -118,23 +133,24 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_no_stage_imports_a_later_stage():
-    order = {stage: i for i, stage in enumerate(STAGES)}
+def test_no_folder_imports_a_later_role():
+    order = {role: i for i, role in enumerate(ROLES)}
     bad = []
     for module, imports in _graph().items():
-        stage = _stage(module)
+        role = _role(module)
         for target, line in imports:
-            later = _stage(target)
-            if later in order and (stage is None or order[later] > order[stage]):
-                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line} ({stage}) imports "
+            later = _role(target)
+            if later in order and (role is None or order[later] > order[role]):
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line} ({role}) imports "
                            f"{target} ({later})")
-    order_text = ", ".join(STAGES)
-    assert not bad, f"a stage imports a later one (order: {order_text}):\n" + "\n".join(bad)
+    order_text = ", ".join(ROLES)
+    assert not bad, f"a folder imports a later role (order: {order_text}):\n" + "\n".join(bad)
 
 
 def _outside_sources():
     """(label, tree) for tests, benchmarks and the notebooks' code cells."""
-    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+                        *(ROOT / COURSE).glob("*.py")]):
         yield str(path.relative_to(ROOT)), ast.parse(path.read_text())
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
@@ -155,6 +171,11 @@ def test_every_import_of_grpo_lab_exists():
 
 
 def _runs_as_main(module: str) -> bool:
+    if module.split(".")[0] == COURSE:
+        path = ROOT.joinpath(*module.split("."))
+        return (path / "__main__.py").is_file() or (
+            path.with_suffix(".py").is_file()
+            and '__name__ == "__main__"' in path.with_suffix(".py").read_text())
     if module in PACKAGES:
         return f"{module}.__main__" in MODULES
     return module in MODULES and '__name__ == "__main__"' in MODULES[module].read_text()

@@ -13,14 +13,9 @@ import textwrap
 import pytest
 from launcher_helpers import DUMMY, PY, assert_no_orphans, server_job, wait_dead
 
-from grpo_lab.jobs.local import LaunchError, LocalLauncher, main
-from grpo_lab.jobs.specs import (
-    BucketMount,
-    JobSpec,
-    RunPlan,
-    free_port,
-)
-from grpo_lab.serving.process import group_members, is_alive
+from grpo_lab.launch.local import LaunchError, LocalLauncher, main
+from grpo_lab.launch.specs import BucketMount, JobSpec, RunPlan
+from grpo_lab.util.processes import free_port, group_members, is_alive
 
 
 @pytest.fixture
@@ -135,8 +130,8 @@ def test_missing_secret_or_unmountable_bucket_starts_nothing(tmp_path):
 
 LAUNCHER_SCRIPT = textwrap.dedent("""
     import sys, threading, time
-    from grpo_lab.jobs.specs import JobSpec, RunPlan
-    from grpo_lab.jobs.local import LocalLauncher
+    from grpo_lab.launch.specs import JobSpec, RunPlan
+    from grpo_lab.launch.local import LocalLauncher
     job = JobSpec(name="a",
                   command=[sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4], "0"],
                   health_url=f"http://127.0.0.1:{sys.argv[3]}/health", health_timeout_s=20)

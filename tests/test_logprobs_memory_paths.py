@@ -1,5 +1,5 @@
 """Logprobs without the whole vocabulary's logits: the same numbers and gradients as the plain
-computation (grpo_lab.core.logprobs), sampled logprobs kept as `generate` samples, micro-batches
+computation (grpo_lab.algo.logprobs), sampled logprobs kept as `generate` samples, micro-batches
 in the synchronous trainer, float32 master weights under bfloat16 autocast, and the defaults
 that fit real data (docs/internals.md, "Real model shapes")."""
 
@@ -8,14 +8,14 @@ import torch
 from float_tolerance import f32_atol, logprob_atol
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.core import logprobs as lp
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.datasets import DATASET_MAX_NEW_TOKENS, load_dataset_task
-from grpo_lab.core.evaluation import token_batches
-from grpo_lab.core.generation import sample_from_ids, sampling_config
-from grpo_lab.core.grpo_loss import completion_logits, policy_logprobs_and_entropy
-from grpo_lab.core.jsonl import write_jsonl
+from grpo_lab.algo import logprobs as lp
+from grpo_lab.algo.grpo_loss import completion_logits, policy_logprobs_and_entropy
+from grpo_lab.data.datasets import DATASET_MAX_NEW_TOKENS, load_dataset_task
+from grpo_lab.model.evaluation import token_batches
+from grpo_lab.model.generation import sample_from_ids, sampling_config
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
+from grpo_lab.util.jsonl import write_jsonl
 
 
 def test_chunks_give_the_whole_log_softmax():

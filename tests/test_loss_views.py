@@ -1,4 +1,4 @@
-"""grpo_lab.observe.loss_views: notebook 01b's set-ups and reports."""
+"""grpo_lab_course.loss_views: notebook 01b's set-ups and reports."""
 
 from types import SimpleNamespace
 
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from grpo_lab.observe import loss_views as views
+from grpo_lab_course import loss_views as views
 
 
 def test_toy_distributions_are_softmaxes_with_their_exact_kl():

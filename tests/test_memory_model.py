@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpo_lab.core.memory_model import (
+from grpo_lab.model.memory_model import (
     StepSetting,
     layer_activation_bytes,
     lora_parameters,
     num_parameters,
     step_memory,
 )
-from grpo_lab.core.shaped_models import QWEN25_05B, QWEN25_MATH_15B, VOCAB_ONLY, qwen2_config
+from grpo_lab.model.shaped_models import QWEN25_05B, QWEN25_MATH_15B, VOCAB_ONLY, qwen2_config
 
 SMALL = SimpleNamespace(hidden_size=64, intermediate_size=160, num_attention_heads=4,
                         num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True)

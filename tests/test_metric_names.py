@@ -1,5 +1,5 @@
 """grpo_lab's metric names against TRL's: the two trainers' mappings
-(grpo_lab.train.glossary.TRL_SYNC_NAMES, TRL_ASYNC_NAMES) read against the source of the
+(grpo_lab.watch.metric_names.TRL_SYNC_NAMES, TRL_ASYNC_NAMES) read against the source of the
 installed TRL.
 
 TRL's AsyncGRPOTrainer appends its metrics to a few sinks (`self.metrics[...]`,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab.train.glossary import METRICS, TRL_ASYNC_NAMES, TRL_SYNC_NAMES, glossary_name
+from grpo_lab.watch.metric_names import METRICS, TRL_ASYNC_NAMES, TRL_SYNC_NAMES, glossary_name
 
 
 def _package_dir(name: str) -> Path:
@@ -131,7 +131,7 @@ def test_every_grpo_lab_name_in_the_mapping_is_in_the_glossary_once(rows):
     trls = [r.trl for r in rows if r.trl]
     assert len(trls) == len(set(trls))
     unexplained = [n for n in ours if not any(fnmatch(m, n) for m in METRICS)]
-    assert not unexplained, f"not in grpo_lab.train.glossary.METRICS: {unexplained}"
+    assert not unexplained, f"not in grpo_lab.watch.metric_names.METRICS: {unexplained}"
     assert glossary_name("rewards/format") == "rewards/<name>"
     assert glossary_name("rewards/format/std") == "rewards/<name>/std"
 
@@ -140,7 +140,7 @@ def test_async_reward_metrics_are_reduced_as_trls_rollout_worker_does():
     import numpy as np
     import torch
 
-    from grpo_lab.rollout.async_metrics import async_reward_names
+    from grpo_lab.watch.async_metrics import async_reward_names
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0])  # G = 4
     ours = async_reward_names({"reward": 0.5, "reward_std": rewards.std().item(),
@@ -177,7 +177,7 @@ def test_trls_throughput_and_layout_names_each_have_a_row(trl_async_keys):
 
 
 def test_trls_mfu_is_a_percentage_as_grpo_labs():
-    """TRL's `compute_mfu` returns `100 * ...`: grpo_lab.core.flops.mfu logs the same unit."""
+    """TRL's `compute_mfu` returns `100 * ...`: grpo_lab.watch.flops.mfu logs the same unit."""
     source = (_package_dir("trl") / "trainer" / "utils.py").read_text()
     (func,) = [n for n in ast.walk(ast.parse(source))
                if isinstance(n, ast.FunctionDef) and n.name == "compute_mfu"]

@@ -13,7 +13,7 @@ import pytest
 from real_vllm import require_vllm
 
 from grpo_lab.cli.multi_job import MULTI_JOB_DEFAULTS, run_multi_job_demo
-from grpo_lab.rollout.config import AsyncGRPOConfig
+from grpo_lab.train.async_config import AsyncGRPOConfig
 
 pytestmark = pytest.mark.slow  # each test runs the whole demo as separate processes
 

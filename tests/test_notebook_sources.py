@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.notebooks import find_notebook
+from grpo_lab_course.notebooks import find_notebook
 
 
 def trl_async_source() -> str:
@@ -32,7 +32,7 @@ def quoted(name: str) -> str:
 def test_notebook_03_every_trl_async_name_is_in_trls_source():
     """Notebook 03, section 4: each TRL name of `TRL_ASYNC_NAMES` is a key TRL's asynchronous
     trainer writes, and a pair marked the same quantity has the same name on both sides."""
-    from grpo_lab.train.glossary import TRL_ASYNC_NAMES
+    from grpo_lab.watch.metric_names import TRL_ASYNC_NAMES
 
     source = trl_async_source()
     missing = [r.trl for r in TRL_ASYNC_NAMES if r.trl and quoted(r.trl) not in source]
@@ -64,7 +64,7 @@ def test_notebook_09_marks_exactly_its_gpu_parameters():
     config with the CPU defaults."""
     from dataclasses import fields
 
-    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.train.config import GRPOConfig
 
     notebook = nbformat.read(find_notebook("09"), as_version=4)
     marked, gpu = gpu_parameters_of(notebook)

@@ -8,11 +8,11 @@ import nbformat
 import pytest
 from real_vllm import require_vllm
 
-from course import lesson
-from course.exercises import SOLUTIONS_DIR, exercise_cells, fill_in_solutions
-from course.figures import figure_captions, figures_without_image, html_images
-from course.goals import NOTEBOOK_GOALS, missed_goals
-from course.notebooks import find_notebook, list_notebooks, notebook_number, run_notebook
+from grpo_lab_course import lesson
+from grpo_lab_course.exercises import SOLUTIONS_DIR, exercise_cells, fill_in_solutions
+from grpo_lab_course.figures import figure_captions, figures_without_image, html_images
+from grpo_lab_course.goals import NOTEBOOK_GOALS, missed_goals
+from grpo_lab_course.notebooks import find_notebook, list_notebooks, notebook_number, run_notebook
 
 NOTEBOOKS = list_notebooks()
 VLLM_NOTEBOOKS = ("07_multi_job_async_lora",)
@@ -78,7 +78,7 @@ def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(noteboo
             f"### Exercise {exercise_id}:"), f"{exercise_id}: the cell above must state the task"
         check = nb.cells[index + 1]
         assert check.cell_type == "code" and f'exercises["{exercise_id}"]' in check.source
-        # the check cell's helpers (course.lesson), imported by the notebook's first cells
+        # the check cell's helpers (grpo_lab_course.lesson), imported by the notebook's first cells
         namespace = {"exercises": {}, **{name: getattr(lesson, name) for name in
                                          ("check_answer", "check_prediction")}}
         exec(compile(nb.cells[index].source, f"{exercise_id} stub", "exec"), namespace)
@@ -92,8 +92,8 @@ def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(noteboo
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_ends_with_one_call_what_you_learned_and_a_quiz(notebook):
-    """The last code cell is one `finish(...)` call (its goals live in course/goals.py); after it,
-    a "What you learned" section and 3-5 quiz questions."""
+    """The last code cell is one `finish(...)` call (its goals live in grpo_lab_course/goals.py);
+    after it, a "What you learned" section and 3-5 quiz questions."""
     nb = nbformat.read(notebook, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     last = code[-1].source.strip()
@@ -177,7 +177,7 @@ def test_an_exercise_cell_must_name_its_id(tmp_path):
 
 
 def test_course_command_with_solutions_reaches_the_runner_and_checks_goals(monkeypatch, capsys):
-    import course.__main__ as command
+    import grpo_lab_course.__main__ as command
 
     calls = []
     monkeypatch.setattr(command, "run_notebook",
@@ -205,7 +205,7 @@ def test_finish_counts_an_exercise_goal_only_once_the_exercise_is_attempted(tmp_
     """A learner who runs a notebook without its exercises sees their goals as "to do", and the
     notebook still ends cleanly; once attempted, a missed exercise goal fails like any other
     (under the course runner's strict mode, as the tests run notebooks)."""
-    from course.lesson import finish, goals_table
+    from grpo_lab_course.lesson import finish, goals_table
 
     monkeypatch.setenv(lesson.STRICT_ENV, "1")
 
@@ -243,7 +243,8 @@ def test_no_wrapped_line_turns_into_a_list(notebook):
 def test_a_missed_goal_is_a_note_for_a_learner_and_a_failure_under_the_tests(
         tmp_path, monkeypatch, capsys):
     """A learner who changed a knob ends in the goals table and a note, not a traceback; the
-    course's runner (the tests, `python -m course`) sets strict mode, where a miss raises."""
+    course's runner (the tests, `python -m grpo_lab_course`) sets strict mode, where a miss
+    raises."""
     results = dict(accuracy_before=0.43, accuracy_after=0.45, eval_size=256, findings=[],
                    kinds={"in the form, wrong sum": [114, 100]}, adapter_bytes=1, model_bytes=100,
                    exercises={"09b.1": None})

@@ -1,14 +1,14 @@
 """The optimizer of both trainers: AdamW with the reference's betas (0.9, 0.95) and no weight
 decay (its TRL config's `adam_beta2=0.95`, `TrainingArguments`' weight decay 0), not torch's
-defaults (0.999, 0.01). grpo_lab.train.trainer builds it; grpo_lab.rollout.trl_async maps the
+defaults (0.999, 0.01). grpo_lab.train.trainer builds it; grpo_lab.trl.async_trainer maps the
 same two fields onto TRL's config (tests/test_trl_async_job.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.models import load_model_and_tokenizer
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
 
 

@@ -11,15 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.core.grpo_loss import grpo_loss, policy_logprobs
-from grpo_lab.train.packing import (
+from grpo_lab.algo.grpo_loss import grpo_loss, policy_logprobs
+from grpo_lab.algo.packing import (
     accumulate_grpo_loss,
     block_causal_mask,
     make_micro_batches,
     plan_packed,
     plan_padded,
 )
-from grpo_lab.train.trainer import RolloutBatch, pad_left, pad_right
+from grpo_lab.train.rollout_batch import RolloutBatch, pad_left, pad_right
 
 LAYOUTS = [
     dict(token_budget=None),

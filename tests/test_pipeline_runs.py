@@ -1,12 +1,12 @@
-"""grpo_lab.observe.pipeline_runs: one row per run, the table and the plot, and bad input (no
+"""grpo_lab_course.pipeline_runs: one row per run, the table and the plot, and bad input (no
 servers: notebook 08 runs the real thing against live replicas)."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpo_lab.observe.diagnose import diagnose
-from grpo_lab.observe.pipeline_runs import KnobRun, plot_runs, run_with_knobs, runs_table, summarize
+from grpo_lab.watch.diagnose import diagnose
+from grpo_lab_course.pipeline_runs import KnobRun, plot_runs, run_with_knobs, runs_table, summarize
 
 
 def _records(steps: int, *, wait: float, held: float, queue: int, fwd_bwd: float = 0.2,

@@ -3,7 +3,7 @@ by the name VLLM_API_KEY, never its value, never in a command line."""
 
 from __future__ import annotations
 
-from grpo_lab.jobs.plan import recipe_plan
+from grpo_lab.launch.recipe_plan import recipe_plan
 
 
 def test_the_api_key_travels_as_a_secret_never_in_argv(tmp_path, monkeypatch):
@@ -22,3 +22,24 @@ def test_the_api_key_travels_as_a_secret_never_in_argv(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY")
     plan = recipe_plan(bucket=str(tmp_path / "bucket"), run_name="r3")
     assert "--api-key-env" not in plan["trainer"].command and not plan["trainer"].secrets
+
+
+def test_a_server_started_with_a_key_has_none_in_its_argv(server_process):
+    """start_server_process(api_key=...) hands the key over as $VLLM_API_KEY (as vLLM reads it):
+    a command line is visible to every user of the machine (`ps`)."""
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    server = server_process(api_key="s3cret-key")
+    argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert argv and not any(b"s3cret-key" in arg for arg in argv), argv
+    try:  # and the key is still required
+        urllib.request.urlopen(server.url + "/v1/models", timeout=10)
+        raise AssertionError("the server answered without the key")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 401
+    asked = urllib.request.Request(server.url + "/v1/models",
+                                   headers={"Authorization": "Bearer s3cret-key"})
+    with urllib.request.urlopen(asked, timeout=10) as answer:
+        assert answer.status == 200

@@ -1,5 +1,5 @@
 """A local plan on a machine with GPUs: each job its own devices, or a share of one
-(grpo_lab.jobs.local_devices). The GPUs are a count given to the functions, or torch's count
+(grpo_lab.launch.local_devices). The GPUs are a count given to the functions, or torch's count
 faked: nothing runs on a GPU here."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpo_lab.cli.main import main
-from grpo_lab.jobs.local_devices import JobDevices, assign_devices, threads_per_process
-from grpo_lab.jobs.plan import recipe_plan
+from grpo_lab.launch.local_devices import JobDevices, assign_devices, threads_per_process
+from grpo_lab.launch.recipe_plan import recipe_plan
 
 
 @pytest.fixture
@@ -53,7 +53,8 @@ def test_one_gpu_is_shared_with_headroom_for_the_trainer():
 
 def test_one_gpu_plan_gives_the_replicas_their_share(gpus, monkeypatch, tmp_path):
     gpus(1)
-    monkeypatch.setattr("grpo_lab.jobs.plan.vllm_is_cpu_build", lambda: False)  # vLLM's GPU one
+    # vLLM's GPU build
+    monkeypatch.setattr("grpo_lab.launch.recipe_plan.vllm_is_cpu_build", lambda: False)
     plan = recipe_plan(bucket=str(tmp_path), run_name="r")
     for name in ("replica-0", "replica-1"):
         job = plan[name]

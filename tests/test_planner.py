@@ -1,4 +1,4 @@
-"""`grpo-lab plan` and the planner behind it (grpo_lab.jobs.planner): flavors, replicas and
+"""`grpo-lab plan` and the planner behind it (grpo_lab.plan.planner): flavors, replicas and
 settings chosen through the pipeline simulator, the memory check, the HF Jobs flavor table."""
 
 import json
@@ -7,13 +7,13 @@ import pytest
 from huggingface_hub._jobs_api import JobHardwareInfo
 
 from grpo_lab.cli.main import main
-from grpo_lab.core.memory_model import GiB, StepSetting, num_parameters, step_memory
-from grpo_lab.core.shaped_models import QWEN25_MATH_15B
-from grpo_lab.jobs.flavors import EXPOSED_PORT_USD_PER_H, FLAVORS, flavors
-from grpo_lab.jobs.plan import preset_config
-from grpo_lab.jobs.planner import STARTUP_S, forecast_plan, plan_run
-from grpo_lab.jobs.run_memory import model_shape, trainer_gib
-from grpo_lab.jobs.simulator import blog_setting
+from grpo_lab.launch.recipe_plan import preset_config
+from grpo_lab.model.memory_model import GiB, StepSetting, num_parameters, step_memory
+from grpo_lab.model.shaped_models import QWEN25_MATH_15B
+from grpo_lab.plan.flavors import EXPOSED_PORT_USD_PER_H, FLAVORS, flavors
+from grpo_lab.plan.planner import STARTUP_S, forecast_plan, plan_run
+from grpo_lab.plan.run_memory import model_shape, trainer_gib
+from grpo_lab.plan.sim_blog import blog_setting
 
 SMALL = ["t4-small", "l4x1", "a10g-small", "l40sx1", "a100-large", "h200"]
 """One-GPU flavors: the capstone's single-GPU plan takes its trainer from these."""
@@ -84,7 +84,7 @@ def test_a_model_too_big_for_every_flavor_is_rejected_for_memory():
 
 
 def test_memory_check_is_the_real_shapes_model():
-    """On one GPU the trainer's memory is grpo_lab.core.memory_model's step at the blog's
+    """On one GPU the trainer's memory is grpo_lab.model.memory_model's step at the blog's
     recipe (benchmarks/real_shapes.py's BLOG: 128 rows, 16,384-token micro-batches, the LM head
     in 110-position chunks); the largest token budget that fits an H200 with the planner's
     margin is the blog's own 16,384."""

@@ -1,4 +1,4 @@
-"""The prefix cache (grpo_lab.serving.prefix_cache): its bookkeeping on fake blocks, then the
+"""The prefix cache (grpo_lab.serve.prefix_cache): its bookkeeping on fake blocks, then the
 engine and `grpo-lab serve` with it on, against the same engine with it off."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import copy
 import pytest
 import torch
 
-from grpo_lab.serving.block_hashes import chained_block_hashes
-from grpo_lab.serving.config import ServeConfig
-from grpo_lab.serving.engine import Engine, generate_sync
-from grpo_lab.serving.lora_registry import LoRARegistry, read_adapter
-from grpo_lab.serving.prefix_cache import PrefixCache
-from grpo_lab.serving.requests import Sequence, make_generator
-from grpo_lab.serving.sampling import SamplingParams
+from grpo_lab.serve.block_hashes import chained_block_hashes
+from grpo_lab.serve.config import ServeConfig
+from grpo_lab.serve.engine import Engine, generate_sync
+from grpo_lab.serve.lora_registry import LoRARegistry, read_adapter
+from grpo_lab.serve.prefix_cache import PrefixCache
+from grpo_lab.serve.requests import Sequence, make_generator
+from grpo_lab.serve.sampling import SamplingParams
 
 torch.set_num_threads(1)
 BS = 4  # a small block size for the bookkeeping tests
@@ -220,7 +220,7 @@ def test_kv_under_an_adapter_is_cached_for_that_adapter_only(tiny_model_and_toke
 def serve_in_process(monkeypatch, tiny_model_and_tokenizer, check, **config):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from grpo_lab.serving.server import InferenceServer
+    from grpo_lab.serve.server import InferenceServer
 
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")

@@ -1,4 +1,4 @@
-"""Preflight (grpo_lab.jobs.preflight): the two CPU jobs run end to end as local processes and in
+"""Preflight (grpo_lab.launch.preflight): the two CPU jobs run end to end as local processes and in
 the HF Jobs emulator (tests/hf_jobs_emulator.py), whose mount rules give the lag and the missing
 rename; a port that serves without the token, or a mount that never shows a write, fails."""
 
@@ -11,14 +11,14 @@ from hf_jobs_emulator import HfJobsEmulator
 
 from grpo_lab.cli import launch as launch_cli
 from grpo_lab.cli.main import main as grpo_lab_main
-from grpo_lab.jobs.preflight import (
+from grpo_lab.launch.preflight import (
     REPLICA,
     TRAINER,
     preflight_plan,
     report_from_results,
     run_preflight,
 )
-from grpo_lab.jobs.recipe_config import RecipeConfig
+from grpo_lab.launch.recipe_config import RecipeConfig
 
 TOKEN = "hf_emulated_token"
 BUCKET_ID = "me/preflight"

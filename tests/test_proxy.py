@@ -305,7 +305,7 @@ class FakeTokenizer:
 
 def test_routing_keys_with_and_without_a_tokenizer():
     from grpo_lab.proxy.prompt_keys import routing_keys
-    from grpo_lab.serving.protocol import RequestError
+    from grpo_lab.serve.protocol import RequestError
 
     tok = FakeTokenizer()
     assert routing_keys({"prompt": [5, 6]}, False, tok) == ([[5, 6]], [[5, 6]])

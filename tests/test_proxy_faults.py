@@ -12,7 +12,7 @@ import random
 
 from proxy_stubs import fleet, junk_server, run, wait_until
 
-from grpo_lab.core.processes import free_port
+from grpo_lab.util.processes import free_port
 
 BS = 16
 P1 = list(range(1000, 1000 + 3 * BS))

@@ -1,4 +1,4 @@
-"""The ratio's summaries and histogram (grpo_lab.observe.ratio_stats) read the tokens' ratios."""
+"""The ratio's summaries and histogram (grpo_lab_course.ratio_stats) read the tokens' ratios."""
 
 import math
 
@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from grpo_lab.observe.ratio_stats import (
+from grpo_lab_course.ratio_stats import (
     collate_choices,
     mismatch_summary,
     plot_ratio_histogram,
@@ -60,9 +60,9 @@ def test_histogram_draws_every_real_token():
 
 
 def test_ratio_on_new_server_measures_then_stops_the_server(monkeypatch):
-    from grpo_lab.observe import ratio_stats
-    from grpo_lab.serving import client as client_module
-    from grpo_lab.serving import process as process_module
+    from grpo_lab.serve import client as client_module
+    from grpo_lab.serve import process as process_module
+    from grpo_lab_course import ratio_stats
 
     calls = []
 
@@ -108,7 +108,7 @@ def test_nudge_lora_moves_only_the_lora_weights():
     model = torch.nn.Module()
     model.lora_A, model.base = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    from grpo_lab.observe.ratio_stats import nudge_lora
+    from grpo_lab_course.ratio_stats import nudge_lora
 
     nudge_lora(model, torch.Generator().manual_seed(0), scale=0.1)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
@@ -116,7 +116,7 @@ def test_nudge_lora_moves_only_the_lora_weights():
 
 
 def test_sync_summary_returns_the_median(capsys):
-    from grpo_lab.observe.ratio_stats import sync_summary
+    from grpo_lab_course.ratio_stats import sync_summary
 
     syncs = [{"sync_s": s, "bytes": 10, "write_s": 0.1} for s in (0.3, 0.1, 0.2)]
     assert sync_summary(syncs) == 0.2
@@ -124,7 +124,7 @@ def test_sync_summary_returns_the_median(capsys):
 
 
 def test_compare_engines_flags_a_different_api(monkeypatch):
-    from grpo_lab.observe import ratio_stats
+    from grpo_lab_course import ratio_stats
 
     class Engine:
         def __init__(self, fields):

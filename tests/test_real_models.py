@@ -13,15 +13,15 @@ import torch
 from datasets import Dataset
 
 from grpo_lab.cli.main import main
-from grpo_lab.core.chat_model import SYSTEM_PROMPT
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.jsonl import read_jsonl
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.prompts import encode_prompts
-from grpo_lab.core.rewards import format_reward, math_answer_reward
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-from grpo_lab.rollout.config import AsyncGRPOConfig
+from grpo_lab.data.prompts import encode_prompts
+from grpo_lab.data.rewards import format_reward, math_answer_reward
+from grpo_lab.model.chat_model import SYSTEM_PROMPT
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
+from grpo_lab.util.jsonl import read_jsonl
 
 REWARD_KEYS = ("rewards/math_answer/mean", "rewards/format/mean")
 

@@ -1,7 +1,7 @@
 """Issue 33's acceptance: at Qwen2.5's 151,936-row vocabulary, sampling, evaluation and two
 `grpo-lab train` steps fit under a memory bound that the code before it exceeded.
 
-A model with that vocabulary and a tiny body (grpo_lab.core.shaped_models.VOCAB_ONLY: the logits
+A model with that vocabulary and a tiny body (grpo_lab.model.shaped_models.VOCAB_ONLY: the logits
 are all the memory there is) runs in a process of its own; its peak resident memory is the
 number. Before logprobs were kept as they are sampled and the head ran in chunks, the same run
 peaked at BEFORE_MIB (measured on commit edf72e8): the scores of every step, their stack and its
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from grpo_lab.core.shaped_models import dataset_files, shaped_model_path
+from grpo_lab.model.shaped_models import dataset_files, shaped_model_path
 
 BOUND_MIB = 2_000
 """The bound. Measured here (one thread): 1,414 MiB after the change, 4,210 MiB before it."""
@@ -25,10 +25,10 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from grpo_lab.cli.main import main
-from grpo_lab.core.datasets import load_dataset_task
-from grpo_lab.core.evaluation import greedy_accuracy
-from grpo_lab.core.generation import generate_completions
-from grpo_lab.core.models import load_model_and_tokenizer
+from grpo_lab.data.datasets import load_dataset_task
+from grpo_lab.model.evaluation import greedy_accuracy
+from grpo_lab.model.generation import generate_completions
+from grpo_lab.model.models import load_model_and_tokenizer
 
 model_dir, train_file, test_file, out_dir = sys.argv[1:5]
 peaks = {}

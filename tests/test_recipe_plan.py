@@ -10,17 +10,17 @@ import pytest
 from launcher_helpers import assert_no_orphans
 
 from grpo_lab.cli.flags import field_docs
-from grpo_lab.jobs.local import LocalLauncher
-from grpo_lab.jobs.plan import (
+from grpo_lab.launch.local import LocalLauncher
+from grpo_lab.launch.recipe_plan import (
     RecipeConfig,
     recipe_plan,
 )
-from grpo_lab.jobs.specs import (
+from grpo_lab.launch.specs import (
     BucketMount,
     JobSpec,
     RunPlan,
 )
-from grpo_lab.observe.live_stats import proxy_stats, router_counters
+from grpo_lab.watch.live_stats import proxy_stats, router_counters
 
 
 def test_local_recipe_plan(tmp_path):

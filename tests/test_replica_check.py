@@ -85,7 +85,7 @@ def test_an_injected_fetch_and_a_server_that_does_not_answer():
 def test_grpo_lab_serve_tiny_is_the_trainers_tiny(server_process):
     """`grpo-lab serve tiny`'s card (id "tiny", root its cache folder) against the folder the
     trainer resolves `tiny` to for its task."""
-    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.train.config import GRPOConfig
     from grpo_lab.train.policy_model import resolve_model_path
 
     server = server_process()
@@ -101,8 +101,8 @@ def test_grpo_lab_serve_tiny_is_the_trainers_tiny(server_process):
 def test_the_train_async_job_refuses_before_it_writes_anything(tmp_path):
     from grpo_lab.cli.flags import config_from_args
     from grpo_lab.cli.main import build_parser
-    from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig, check_base_model
-    from grpo_lab.rollout.config import AsyncGRPOConfig
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_job import TrainAsyncJobConfig, check_base_model
 
     config = AsyncGRPOConfig(model=HUB, output_dir=str(tmp_path / "run"))
     with FakeServer({"/v1/models": models("Qwen/Qwen3-1.7B")}) as server:
@@ -114,3 +114,16 @@ def test_the_train_async_job_refuses_before_it_writes_anything(tmp_path):
         check_base_model(config, job)  # skipped: no more requests
     assert [r[1] for r in server.requests] == ["/v1/models", "/proxy/stats"]  # not the proxy
     assert not (tmp_path / "run").exists()
+
+
+def test_the_base_model_check_builds_no_model(tmp_path, monkeypatch):
+    """`grpo-lab train-async`'s check names grpo_lab's models by their cache folder, worked out
+    from the recipe: a task whose tiny model is not cached is not built for it (issue 45)."""
+    from grpo_lab.model.models import made_model_folder_name
+    from grpo_lab.model.tiny_model import TinyModelRecipe
+
+    monkeypatch.setenv("GRPO_LAB_HOME", str(tmp_path))  # an empty cache
+    name = made_model_folder_name("tiny", task="sort", difficulty=5)
+    assert name == TinyModelRecipe(task="sort", difficulty=5).key()
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+    assert made_model_folder_name("Qwen/Qwen2.5-0.5B-Instruct") is None

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from grpo_lab.cli.main import build_parser
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.jsonl import read_jsonl
-from grpo_lab.core.processes import free_port, stop_groups
-from grpo_lab.core.tracking import report_targets
-from grpo_lab.jobs.plan import recipe_plan
-from grpo_lab.rollout.config import AsyncGRPOConfig
+from grpo_lab.launch.recipe_plan import recipe_plan
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.config import GRPOConfig
+from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.processes import free_port, stop_groups
+from grpo_lab.watch.tracking import report_targets
 
 trackio = pytest.importorskip("trackio",
                               reason="the `tracking` extra: pip install -e '.[tracking]'")
@@ -127,8 +127,8 @@ def test_the_plan_passes_report_to_and_the_space_to_the_trainer(tmp_path):
 
 
 def test_trl_job_hands_report_to_to_trls_config(tmp_path):
-    from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig
-    from grpo_lab.rollout.trl_async import trl_config
+    from grpo_lab.trl.async_job import TrlAsyncJobConfig
+    from grpo_lab.trl.async_trainer import trl_config
 
     job = TrlAsyncJobConfig(server_url="http://127.0.0.1:9")
     config = AsyncGRPOConfig(report_to="trackio", output_dir=str(tmp_path / "run"),

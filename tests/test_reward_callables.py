@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.datasets import load_dataset_task
-from grpo_lab.core.reward_set import NOT_IMPORTABLE, RewardSet
-from grpo_lab.core.rewards import exact_match_reward, format_reward
-from grpo_lab.core.tasks import Problem, with_few_shot
-from grpo_lab.rollout.trl_data import WeightedReward
+from grpo_lab.data.datasets import load_dataset_task
+from grpo_lab.data.reward_set import NOT_IMPORTABLE, RewardSet
+from grpo_lab.data.rewards import exact_match_reward, format_reward
+from grpo_lab.data.tasks import Problem, with_few_shot
+from grpo_lab.train.config import GRPOConfig
+from grpo_lab.trl.data import WeightedReward
 
 
 def trl_length_reward(prompts, completions, completion_ids, **kwargs):

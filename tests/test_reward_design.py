@@ -6,11 +6,11 @@ import textwrap
 import pytest
 import torch
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.devices import resolve_device, resolve_dtype
-from grpo_lab.core.reward_set import RewardSet
-from grpo_lab.core.rewards import format_reward
+from grpo_lab.data.reward_set import RewardSet
+from grpo_lab.data.rewards import format_reward
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
+from grpo_lab.util.devices import resolve_device, resolve_dtype
 
 SMALL = dict(steps=2, prompts_per_step=3, num_generations=4, eval_size=8, eval_every=0,
              progress=False, log_every=100)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from grpo_lab.proxy import router as router_module
 from grpo_lab.proxy.router import NoReplicaAvailable, PrefixRouter, RouterConfig
-from grpo_lab.proxy.routing_replay import replay
+from grpo_lab_course.routing_replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 BS = 16  # the default block size

@@ -1,4 +1,4 @@
-"""grpo_lab.observe.routing_plots: names from X-Proxy-Upstream, load statuses, the routing
+"""grpo_lab_course.routing_plots: names from X-Proxy-Upstream, load statuses, the routing
 comparison's replicas, and the drawn data equal to the records (no server, no proxy)."""
 
 import matplotlib
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_lab.observe import routing_plots
-from grpo_lab.serving.client import ServerError
+from grpo_lab.serve.client import ServerError
+from grpo_lab_course import routing_plots
 
 
 def test_upstream_names_maps_known_urls_and_keeps_the_order():
@@ -68,7 +68,7 @@ def test_plots_draw_the_records():
 def test_replica_ratios_pins_the_deviation_on_the_replica(monkeypatch):
     import torch
 
-    from grpo_lab.core import grpo_loss
+    from grpo_lab.algo import grpo_loss
 
     def answer(logps):  # one completion of two tokens, its served logprobs
         return {"choices": [{"prompt_token_ids": [1], "token_ids": [2, 3],

@@ -1,10 +1,10 @@
-"""grpo_lab.observe.routing_runs refuses bad input before it starts a proxy or sends a request.
+"""grpo_lab_course.routing_runs refuses bad input before it starts a proxy or sends a request.
 Its live runs are checked where they run: notebook 06 (tiny model) and
 tests/test_routing_cache.py (the benchmark, chat model)."""
 
 import pytest
 
-from grpo_lab.observe.routing_runs import ROUTINGS, routing_run, send_groups
+from grpo_lab_course.routing_runs import ROUTINGS, routing_run, send_groups
 
 
 def test_routing_run_names_the_routings_it_knows():

@@ -1,4 +1,4 @@
-"""The sampler/trainer importance-sampling correction (grpo_lab.core.sampler_correction): hand-made
+"""The sampler/trainer importance-sampling correction (grpo_lab.algo.sampler_correction): hand-made
 edge cases, its config checks, and both trainers using it. TRL parity is in
 test_trl_parity_sampler.py. Float32 tolerances follow tests/float_tolerance.py."""
 
@@ -10,20 +10,20 @@ import pytest
 import torch
 from float_tolerance import assert_f32_close, f32_atol, logprob_atol, mean_atol
 
-from grpo_lab.core import grpo_loss as core
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.sampler_correction import (
+from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo.packing import accumulate_grpo_loss, make_micro_batches
+from grpo_lab.algo.sampler_correction import (
     IS_MODES,
     sampler_correction_metrics,
     sampler_importance_weights,
     sampler_kl,
 )
-from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-from grpo_lab.rollout.config import AsyncGRPOConfig
+from grpo_lab.model.models import load_model_and_tokenizer
 from grpo_lab.rollout.generators import LocalGenerator
-from grpo_lab.rollout.sampler_pass import ProximalLogprobs
-from grpo_lab.train.packing import accumulate_grpo_loss, make_micro_batches
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.train.async_trainer import AsyncGRPOTrainer
+from grpo_lab.train.config import GRPOConfig
+from grpo_lab.train.sampler_pass import ProximalLogprobs
 from grpo_lab.train.trainer import GRPOTrainer
 
 SAMPLING_METRICS = {"sampling/sampling_logp_difference/mean",
@@ -345,7 +345,7 @@ def test_async_trainer_logs_trl_names(tiny_model_dir):
 
 
 def test_truncation_without_bounds_leaves_the_weights():
-    from grpo_lab.core.sampler_correction import truncated_weights
+    from grpo_lab.algo.sampler_correction import truncated_weights
 
     ratio = torch.tensor([[0.5, 1.0, 7.0]])
     assert torch.equal(truncated_weights(ratio, None, None), ratio)

@@ -8,10 +8,10 @@ import pytest
 from fake_http import FakeServer
 
 from grpo_lab.bucket.adapters import AdapterBucket
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.sampling_settings import sampling_settings, truncates_sampling
 from grpo_lab.rollout.http_generator import HTTPGenerator, request_body
-from grpo_lab.serving.protocol import RequestError, parse_completion_request
+from grpo_lab.serve.protocol import RequestError, parse_completion_request
+from grpo_lab.serve.sampling_settings import sampling_settings, truncates_sampling
+from grpo_lab.train.config import GRPOConfig
 
 ARGS = dict(model="policy-v3", n=4, max_tokens=5, temperature=0.7, seed=11)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lab.core.grpo_loss import policy_logprobs
-from grpo_lab.serving.config import ServeConfig
-from grpo_lab.serving.engine import generate_sync
-from grpo_lab.serving.requests import Sequence, make_generator
-from grpo_lab.serving.sampling import SamplingParams
-from grpo_lab.train.trainer import pad_left, pad_right
+from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.serve.config import ServeConfig
+from grpo_lab.serve.engine import generate_sync
+from grpo_lab.serve.requests import Sequence, make_generator
+from grpo_lab.serve.sampling import SamplingParams
+from grpo_lab.train.rollout_batch import pad_left, pad_right
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_a_bad_device_or_dtype_fails_when_the_config_is_built(no_gpu, fields, me
 
 def test_threads_are_one_on_the_cpu_and_left_to_torch_on_a_gpu(gpu):
     """Only the CPU (a run's processes share its few cores) or an explicit number sets them."""
-    from grpo_lab.core.devices import default_threads
+    from grpo_lab.util.devices import default_threads
 
     assert ServeConfig().threads() is None  # auto = cuda here: torch keeps its own
     assert ServeConfig(device="cpu").threads() == 1
@@ -62,7 +62,7 @@ def test_threads_are_one_on_the_cpu_and_left_to_torch_on_a_gpu(gpu):
 
 
 def test_a_memory_share_caps_only_a_cuda_device(monkeypatch):
-    from grpo_lab.core.devices import cap_gpu_memory
+    from grpo_lab.util.devices import cap_gpu_memory
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
@@ -76,7 +76,7 @@ def test_a_memory_share_caps_only_a_cuda_device(monkeypatch):
 
 
 def test_threads_stay_one_without_a_gpu(no_gpu):
-    from grpo_lab.core.devices import default_threads
+    from grpo_lab.util.devices import default_threads
 
     assert ServeConfig().threads() == 1 and default_threads("auto") == 1
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
@@ -95,7 +95,7 @@ def test_serve_takes_device_and_dtype_flags():
 
 
 def test_server_in_bfloat16_reports_its_device_and_matches_the_trainer(tiny_model_dir):
-    from grpo_lab.serving.server import InferenceServer
+    from grpo_lab.serve.server import InferenceServer
 
     torch.set_num_threads(1)
     server = InferenceServer(ServeConfig(device="cpu", dtype="bfloat16",
@@ -122,7 +122,7 @@ def test_server_in_bfloat16_reports_its_device_and_matches_the_trainer(tiny_mode
 
 
 def test_the_engine_refuses_a_generator_on_another_device(tiny_model_dir):
-    from grpo_lab.serving.server import InferenceServer
+    from grpo_lab.serve.server import InferenceServer
 
     engine = InferenceServer(ServeConfig(device="cpu")).engine
     engine.device = torch.device("cuda")  # as if it served on a GPU: a CPU generator cannot

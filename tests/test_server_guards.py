@@ -21,9 +21,9 @@ import time
 import pytest
 from server_contract_helpers import KEY, LAG_S, error, serve_only, vllm_error
 
-from grpo_lab.serving.client import BlockingClient, ServerError
-from grpo_lab.serving.config import ServeConfig
-from grpo_lab.serving.server import InferenceServer
+from grpo_lab.serve.client import BlockingClient, ServerError
+from grpo_lab.serve.config import ServeConfig
+from grpo_lab.serve.server import InferenceServer
 
 pytest_plugins = ["server_contract_fixtures"]
 
@@ -269,7 +269,7 @@ def test_numbers_must_be_finite_float32_and_deep_json_is_400(client):
 
 @serve_only
 def test_stop_lists_are_bounded(client):
-    from grpo_lab.serving.protocol import MAX_STOP_TOKEN_IDS
+    from grpo_lab.serve.protocol import MAX_STOP_TOKEN_IDS
 
     exc = error(client.request, "POST", "/v1/completions", json_body={
         "prompt": [1, 5], "stop_token_ids": [3] * (MAX_STOP_TOKEN_IDS + 1)})
@@ -320,9 +320,9 @@ def test_sizes_are_checked_before_tokenizing_and_tokenizing_is_off_the_loop(
 def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer, model_copy):
     """The serving loop returns 1 (`serve` exits with it) once the engine thread died; the
     in-process test above (`engine.error` set by hand) checks the answers meanwhile."""
-    from grpo_lab.serving.requests import RequestGroup, Sequence, make_generator
-    from grpo_lab.serving.sampling import SamplingParams
-    from grpo_lab.serving.serve_loop import serve_forever
+    from grpo_lab.serve.requests import RequestGroup, Sequence, make_generator
+    from grpo_lab.serve.sampling import SamplingParams
+    from grpo_lab.serve.serve_loop import serve_forever
 
     _, tokenizer = tiny_model_and_tokenizer
 
@@ -342,7 +342,7 @@ def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer, model_c
 def test_the_blocking_client_shows_its_calls_in_dir_and_help():
     """`BlockingClient` forwards the async client's calls: `dir()` and tab completion list them,
     and each carries the async call's name and docstring (no server is needed to see them)."""
-    from grpo_lab.serving.client import InferenceClient
+    from grpo_lab.serve.client import InferenceClient
 
     with BlockingClient("http://127.0.0.1:9") as client:
         names = dir(client)

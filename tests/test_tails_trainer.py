@@ -1,4 +1,4 @@
-"""grpo_lab.rollout.tails_trainer: notebook 05b's tails, summaries, weights hook and plots, on
+"""grpo_lab_course.tails_trainer: notebook 05b's tails, summaries, weights hook and plots, on
 hand-made records (no training run)."""
 
 import math
@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from grpo_lab.core.sampler_correction import sampler_importance_weights
-from grpo_lab.rollout.tails_trainer import (
+from grpo_lab.algo.sampler_correction import sampler_importance_weights
+from grpo_lab_course.tails_trainer import (
     CORRECTIONS,
     TailsTrainer,
     logged_weights,

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from grpo_lab.core import rewards as R
-from grpo_lab.core.tasks import AdditionTask, PrefixedTask, SortTask, few_shot_prefix, make_task
+from grpo_lab.data import rewards as R
+from grpo_lab.data.tasks import AdditionTask, PrefixedTask, SortTask, few_shot_prefix, make_task
 
 
 def test_addition_is_zero_padded_and_correct():
@@ -51,8 +51,8 @@ def test_few_shot_prompts_share_a_template_and_keep_the_tasks_problems():
 
 
 def test_a_few_shot_template_fills_whole_kv_blocks_every_prompt_shares():
-    from grpo_lab.core.tokenizer import build_char_tokenizer
-    from grpo_lab.serving.block_hashes import chained_block_hashes
+    from grpo_lab.model.tokenizer import build_char_tokenizer
+    from grpo_lab.serve.block_hashes import chained_block_hashes
 
     tokenizer = build_char_tokenizer()
     task = make_task("addition", eval_size=20, few_shot=3)  # <bos> + 30 characters of examples
@@ -63,9 +63,9 @@ def test_a_few_shot_template_fills_whole_kv_blocks_every_prompt_shares():
 
 
 def test_prefix_and_few_shot_bad_input_fail_clearly():
-    from grpo_lab.core.config import GRPOConfig
-    from grpo_lab.core.datasets import DatasetTask
-    from grpo_lab.core.tasks import Problem
+    from grpo_lab.data.datasets import DatasetTask
+    from grpo_lab.data.tasks import Problem
+    from grpo_lab.train.config import GRPOConfig
 
     with pytest.raises(ValueError, match="few_shot must be >= 0"):
         GRPOConfig(few_shot=-1)
@@ -126,10 +126,10 @@ def test_rewards_are_picklable():
 def test_sum_form_asks_a_chat_model_and_scores_only_the_asked_form():
     import re
 
-    from grpo_lab.core.config import GRPOConfig
-    from grpo_lab.core.prompts import prompt_key
-    from grpo_lab.core.rewards import exact_match_reward
-    from grpo_lab.core.tasks import make_task
+    from grpo_lab.data.prompts import prompt_key
+    from grpo_lab.data.rewards import exact_match_reward
+    from grpo_lab.data.tasks import make_task
+    from grpo_lab.train.config import GRPOConfig
 
     task = make_task("sum_form", 20, eval_size=64)
     held_out = task.eval_set()

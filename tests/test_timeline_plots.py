@@ -1,4 +1,4 @@
-"""The sync-against-async timeline (grpo_lab.observe.timeline_plots) draws the logged step times."""
+"""The sync-against-async timeline (grpo_lab_course.timeline_plots) draws the logged step times."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from grpo_lab.observe.timeline_plots import (
+from grpo_lab_course.timeline_plots import (
     buffer_versions,
     busy_share,
     plot_timeline,

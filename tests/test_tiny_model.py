@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lab.core.tasks import AdditionTask, SortTask
-from grpo_lab.core.tiny_model import TinyModelRecipe
-from grpo_lab.core.tokenizer import ALPHABET, build_char_tokenizer
+from grpo_lab.data.tasks import AdditionTask, SortTask
+from grpo_lab.model.tiny_model import TinyModelRecipe
+from grpo_lab.model.tokenizer import ALPHABET, build_char_tokenizer
 
 
 def test_tokenizer_round_trips_every_task_string():
@@ -51,7 +51,7 @@ def test_recipe_key_changes_with_any_field():
 
 
 def test_cached_path_is_reused(tiny_model_dir):
-    from grpo_lab.core.tiny_model import tiny_model_path
+    from grpo_lab.model.tiny_model import tiny_model_path
 
     before = (tiny_model_dir / "model.safetensors").stat().st_mtime
     assert tiny_model_path(progress=False) == tiny_model_dir
@@ -60,7 +60,7 @@ def test_cached_path_is_reused(tiny_model_dir):
 
 def test_build_is_deterministic_from_the_seed(tmp_path):
     """Two builds of a small recipe from the same seed give identical weights."""
-    from grpo_lab.core.tiny_model import build_tiny_model
+    from grpo_lab.model.tiny_model import build_tiny_model
 
     recipe = TinyModelRecipe(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                              warmup_max_steps=3, warmup_batch_size=16)
@@ -72,7 +72,7 @@ def test_build_is_deterministic_from_the_seed(tmp_path):
 
 
 def test_build_refuses_an_unknown_task(tmp_path):
-    from grpo_lab.core.tiny_model import build_tiny_model
+    from grpo_lab.model.tiny_model import build_tiny_model
 
     with pytest.raises(ValueError, match="unknown task"):
         build_tiny_model(TinyModelRecipe(task="chess"), tmp_path)
@@ -84,8 +84,8 @@ def test_the_default_recipes_ship_their_reference_model(kind):
     whose recorded recipe is the current default (a changed recipe must ship a new reference)."""
     from dataclasses import asdict
 
-    from grpo_lab.core.chat_model import ChatModelRecipe
-    from grpo_lab.core.model_build import reference_model
+    from grpo_lab.model.chat_model import ChatModelRecipe
+    from grpo_lab.model.model_build import reference_model
 
     recipe = TinyModelRecipe() if kind == "tiny" else ChatModelRecipe()
     folder = reference_model(recipe.key())
@@ -97,7 +97,7 @@ def test_the_default_recipes_ship_their_reference_model(kind):
 
 
 def test_a_fresh_cache_gets_the_reference_model_not_a_build(tmp_path, monkeypatch):
-    from grpo_lab.core.model_build import RECIPE_FILE, cached_model_path, reference_model
+    from grpo_lab.model.model_build import RECIPE_FILE, cached_model_path, reference_model
 
     monkeypatch.setenv("GRPO_LAB_HOME", str(tmp_path))
     key = TinyModelRecipe().key()
@@ -130,8 +130,8 @@ the native, avx2 and default kernel levels at 1 and 2 threads."""
 
 
 def test_the_reference_baseline_is_the_course_number(tiny_model_and_tokenizer):
-    from grpo_lab.core.evaluation import greedy_accuracy
-    from grpo_lab.core.tasks import make_task
+    from grpo_lab.data.tasks import make_task
+    from grpo_lab.model.evaluation import greedy_accuracy
 
     model, tokenizer = tiny_model_and_tokenizer
     task = make_task("addition", eval_size=512)

@@ -1,4 +1,4 @@
-"""grpo_lab.observe.token_plots: a chat template's tokens, coloured by role, read from the
+"""grpo_lab_course.token_plots: a chat template's tokens, coloured by role, read from the
 tokenizer's own output (a small byte-level BPE with ChatML, built as notebook 09's model's)."""
 
 import matplotlib
@@ -6,8 +6,8 @@ import matplotlib
 matplotlib.use("Agg")
 import pytest
 
-from grpo_lab.core.chat_model import SYSTEM_PROMPT, build_bpe_tokenizer
-from grpo_lab.observe.token_plots import (
+from grpo_lab.model.chat_model import SYSTEM_PROMPT, build_bpe_tokenizer
+from grpo_lab_course.token_plots import (
     ROLE_COLOURS,
     chat_token_roles,
     plot_chat_tokens,

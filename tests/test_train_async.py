@@ -15,9 +15,9 @@ import pytest
 
 from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
-from grpo_lab.core.jsonl import read_jsonl
-from grpo_lab.jobs.plan import recipe_plan
-from grpo_lab.jobs.train_async_job import TrainAsyncJobConfig
+from grpo_lab.launch.recipe_plan import recipe_plan
+from grpo_lab.train.async_job import TrainAsyncJobConfig
+from grpo_lab.util.jsonl import read_jsonl
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.
 SMALL = ["--prompts-per-step", "4", "--num-generations", "4", "--eval-size", "32",
@@ -64,7 +64,7 @@ def test_train_async_writes_metrics_syncs_adapters_and_accuracy(server, tmp_path
                 "sample/rollout_queue_size", "perf/rollout_wait_s", "reward", "ratio",
                 "rollout/vllm_retry_total"):
         assert key in records[-1], key
-    for r in records[1:]:  # MFU in percent, as TRL logs it (grpo_lab.core.flops)
+    for r in records[1:]:  # MFU in percent, as TRL logs it (grpo_lab.watch.flops)
         assert 0 < r["perf/mfu_wall_clock"] <= r["perf/mfu_fwd_bwd"], r
     assert [s["version"] for s in read_jsonl(out / "syncs.jsonl")] == [0, 1, 2, 3, 4]
     assert (out / "adapter" / "adapter_model.safetensors").exists()
@@ -105,8 +105,8 @@ def test_request_shape_is_a_train_async_flag():
 
 
 def test_the_groups_counts_read_the_buffers_counters():
-    from grpo_lab.jobs.train_async_job import BUFFER_COUNTERS
     from grpo_lab.rollout.buffer import RolloutBuffer
+    from grpo_lab.train.async_job import BUFFER_COUNTERS
 
     assert set(BUFFER_COUNTERS.values()) <= set(RolloutBuffer(2, 0).stats())
 

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from grpo_lab.core.config import GRPOConfig
+from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer, format_step
 
 
@@ -48,7 +48,7 @@ def test_trainer_applies_the_schedule(tiny_model_dir):
 def test_few_shot_prompts_reach_the_model_with_their_template(tiny_model_dir):
     """`--few-shot 2`: every prompt the trainer samples for and scores starts with the same
     worked examples, and the model reads them (the prompt ids are longer by the template)."""
-    from grpo_lab.core.tasks import AdditionTask, few_shot_prefix
+    from grpo_lab.data.tasks import AdditionTask, few_shot_prefix
 
     cfg = GRPOConfig(model=str(tiny_model_dir), steps=1, prompts_per_step=2, num_generations=2,
                      eval_every=0, eval_size=4, progress=False, few_shot=2)
@@ -87,7 +87,7 @@ def test_a_lora_run_prints_no_deprecation_warning_and_no_nan_accuracy(tiny_model
 def test_config_round_trips_and_rejects_unknown_fields():
     cfg = GRPOConfig(steps=3)
     assert GRPOConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="unknown GRPOConfig fields"):
+    with pytest.raises(ValueError, match="GRPOConfig got unknown fields"):
         GRPOConfig.from_dict({"stepz": 3})
 
 
@@ -133,8 +133,8 @@ def test_use_bias_correction_kl_reaches_the_update():
     """`GRPOConfig.use_bias_correction_kl` (TRL's option) changes the trained weights once the
     policy has left the reference, both trainers pass it on, and runs without it repeat
     exactly (so the difference is the option's)."""
-    from grpo_lab.rollout.async_trainer import AsyncGRPOTrainer
-    from grpo_lab.rollout.config import AsyncGRPOConfig
+    from grpo_lab.train.async_config import AsyncGRPOConfig
+    from grpo_lab.train.async_trainer import AsyncGRPOTrainer
 
     def weights_after(trainer_class, config_class, **option):
         torch.manual_seed(0)
@@ -161,7 +161,7 @@ def test_format_step_has_fixed_keys():
 
 def test_any_local_model_path_works_in_place_of_tiny(tiny_model_dir, tmp_path):
     """Nothing assumes the tiny model: a copy saved elsewhere trains the same way."""
-    from grpo_lab.core.models import load_model_and_tokenizer
+    from grpo_lab.model.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     model.save_pretrained(tmp_path / "other")
@@ -171,7 +171,7 @@ def test_any_local_model_path_works_in_place_of_tiny(tiny_model_dir, tmp_path):
 
 
 def test_every_logged_metric_is_in_the_glossary(tiny_model_dir):
-    from grpo_lab.train.glossary import unknown_metrics
+    from grpo_lab.watch.metric_names import unknown_metrics
 
     cfg = GRPOConfig(model=str(tiny_model_dir), steps=2, prompts_per_step=2, num_generations=2,
                      eval_every=1, eval_size=4, progress=False, beta=0.1, log_every=100)
@@ -185,7 +185,7 @@ def test_every_logged_metric_is_in_the_glossary(tiny_model_dir):
 def test_the_docs_metric_table_is_the_glossary():
     from pathlib import Path
 
-    from grpo_lab.train.glossary import glossary_markdown
+    from grpo_lab.watch.metric_names import glossary_markdown
 
     docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
     assert docs.read_text() == glossary_markdown(), (
@@ -199,3 +199,16 @@ def test_a_prompt_and_completion_past_the_models_context_are_refused(tiny_model_
     with pytest.raises(ValueError, match=r"plus max_new_tokens=60 is \d+ tokens, past the "
                                          r"model's context of 64 \(max_position_embeddings\)"):
         trainer.train()
+
+
+def test_a_reused_output_dir_starts_a_fresh_run_and_keeps_the_earlier_one(tmp_path):
+    out = tmp_path / "run"
+    for _ in range(2):
+        config = GRPOConfig(steps=2, prompts_per_step=2, num_generations=2, eval_size=4,
+                            output_dir=str(out), progress=False, log_completions_every=0)
+        GRPOTrainer(config).train()
+    steps = [line for line in (out / "metrics.jsonl").read_text().splitlines()
+             if '"reward"' in line]
+    assert len(steps) == 2, "the second run's metrics.jsonl holds the first run's steps too"
+    earlier = (out / "earlier-runs" / "1" / "metrics.jsonl").read_text().splitlines()
+    assert len([line for line in earlier if '"reward"' in line]) == 2

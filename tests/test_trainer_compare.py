@@ -1,11 +1,11 @@
-"""grpo_lab.observe.trainer_compare: the side-by-side summaries of notebooks 02, 03 and 09."""
+"""grpo_lab_course.trainer_compare: the side-by-side summaries of notebooks 02, 03 and 09."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from grpo_lab.observe import trainer_compare as compare
-from grpo_lab.train.glossary import TRLName
+from grpo_lab.watch.metric_names import TRLName
+from grpo_lab_course import trainer_compare as compare
 
 
 def _records():
@@ -18,7 +18,10 @@ def test_first_last_no_signal_and_summary():
     assert compare.first_and_last(records, n=2) == pytest.approx((0.15, 0.95))
     assert compare.no_signal(records, 4) == pytest.approx(0.5)
     summary = compare.run_summary(records, [(0, 0.25), (4, 0.5)], at=4)
-    assert summary == pytest.approx(dict(no_signal=0.5, accuracy=0.5, gain=0.25))
+    assert summary == pytest.approx(dict(no_signal=0.5, accuracy=0.5, gain=0.25, accuracy_step=4))
+    # a learner's knobs: read at step 5, evaluated at 0 and 4 only; or longer than the run
+    assert compare.run_summary(records, [(0, 0.25), (4, 0.5)], at=5)["accuracy_step"] == 4
+    assert compare.run_summary(records[:3], [(0, 0.25)], at=50)["accuracy_step"] == 0
 
 
 def test_config_rows_find_a_mismatch(capsys):

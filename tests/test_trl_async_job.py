@@ -1,6 +1,6 @@
-"""`grpo-lab train-trl-async`: TRL's AsyncGRPOTrainer as the trainer job (rollout/trl_async).
+"""`grpo-lab train-trl-async`: TRL's AsyncGRPOTrainer as the trainer job (trl/async_trainer).
 
-Fast: the CPU tree attention (grpo_lab.rollout.trl_cpu) against plain causal attention on rows
+Fast: the CPU tree attention (grpo_lab.trl.cpu) against plain causal attention on rows
 packed by TRL's own `TreeRow`; the rewards and settings handed to TRL.
 Slow: TRL's trainer trains the chat model for 3 steps through `grpo-lab proxy` in front of two
 `grpo-lab serve` replicas; a run checkpoints and a restarted one resumes from its step. The job
@@ -29,13 +29,13 @@ import pytest
 import torch
 from real_vllm import require_vllm
 
-from grpo_lab.core.chat_model import SYSTEM_PROMPT
-from grpo_lab.jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
-from grpo_lab.rollout import trl_cpu
-from grpo_lab.rollout.config import AsyncGRPOConfig
-from grpo_lab.rollout.trl_async import LORA_NAME, micro_batch_size, trl_async_grpo, trl_config
-from grpo_lab.rollout.trl_cpu import tree_attention_cpu, trl_internal
-from grpo_lab.rollout.trl_data import reward_funcs, with_response_parser
+from grpo_lab.model.chat_model import SYSTEM_PROMPT
+from grpo_lab.train.async_config import AsyncGRPOConfig
+from grpo_lab.trl import cpu as trl_cpu
+from grpo_lab.trl.async_job import TrlAsyncJobConfig, run_train_trl_async
+from grpo_lab.trl.async_trainer import LORA_NAME, micro_batch_size, trl_async_grpo, trl_config
+from grpo_lab.trl.cpu import tree_attention_cpu, trl_internal
+from grpo_lab.trl.data import reward_funcs, with_response_parser
 
 STAND_INS = Path(__file__).parent / "trl_stand_ins"
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_trl_outside_the_tested_range_is_refused_with_the_range_and_the_extra(mo
 
 
 def test_no_other_file_imports_trl_submodules_that_trl_removes():
-    """Only rollout/trl_cpu.py names TRL's async-GRPO submodules (TRL 1.18 removes them); the
+    """Only trl/cpu.py names TRL's async-GRPO submodules (TRL 1.18 removes them); the
     rest of grpo_lab, the tests, benchmarks and notebooks use TRL's public surface."""
     import re
 
@@ -123,7 +123,8 @@ def test_no_other_file_imports_trl_submodules_that_trl_removes():
     files = [p for folder in ("grpo_lab", "tests", "benchmarks", "notebooks")
              for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb")]
     offenders = [p.relative_to(ROOT).as_posix() for p in files
-                 if removed.search(p.read_text()) and p.name != "trl_cpu.py"]
+                 if removed.search(p.read_text())
+                 and p.relative_to(ROOT).as_posix() != "grpo_lab/trl/cpu.py"]
     assert offenders == []
 
 
@@ -241,7 +242,7 @@ def test_help_lists_the_flags(command, capsys):
 
 
 def test_without_vllm_the_job_says_what_to_do(tmp_path, monkeypatch):
-    from grpo_lab.rollout import trl_async
+    from grpo_lab.trl import async_trainer as trl_async
 
     assert "trl_stand_ins" not in str(trl_async.vllm_origin())  # on the job's path only
     monkeypatch.setattr(trl_async, "vllm_origin", lambda: None)  # as where vllm is missing
@@ -274,7 +275,7 @@ def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_
     command and --resume after losing its last checkpoint (preempted between checkpoints), goes
     on from step 2 with adapter names after the ones already published."""
     from grpo_lab.proxy.process import start_proxy_process
-    from grpo_lab.serving.process import start_server_process
+    from grpo_lab.serve.process import start_server_process
 
     out, bucket = tmp_path / "run", tmp_path / "bucket"
     serve = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 4}  # >= max_staleness + 2
@@ -363,7 +364,7 @@ def test_trl_async_trainer_with_real_vllm_replicas(chat_model_dir, tmp_path):
     and each step holds the promised samples."""
     require_vllm()  # skips without vLLM; fails under GRPO_LAB_REQUIRE_VLLM=1
     from grpo_lab.proxy.process import start_proxy_process
-    from grpo_lab.serving.vllm_process import start_vllm_process
+    from grpo_lab.serve.vllm_process import start_vllm_process
 
     out, bucket = tmp_path / "run", tmp_path / "bucket"
     serve = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 3, "max_cpu_loras": 3,

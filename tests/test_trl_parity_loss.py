@@ -77,11 +77,11 @@ from trl_parity_helpers import (
     trl_logprobs,
 )
 
-from grpo_lab.core import grpo_loss as core
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.rewards import exact_match_reward
-from grpo_lab.core.tasks import AdditionTask
+from grpo_lab.algo import grpo_loss as core
+from grpo_lab.data.rewards import exact_match_reward
+from grpo_lab.data.tasks import AdditionTask
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.train.config import GRPOConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

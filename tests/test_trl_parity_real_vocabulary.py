@@ -12,7 +12,7 @@ import torch
 import trl_parity_helpers as parity
 from float_tolerance import assert_f32_close, assert_grads_close
 
-from grpo_lab.core import grpo_loss as core
+from grpo_lab.algo import grpo_loss as core
 
 VOCABULARY = 49_152
 """SmolLM2's: its logprobs of random tokens reach -29, so the tiny model's rule (a log-softmax's

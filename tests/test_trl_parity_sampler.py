@@ -45,13 +45,13 @@ from trl_parity_helpers import (
     trl_inputs,
 )
 
-from grpo_lab.core import grpo_loss as core
-from grpo_lab.core.config import GRPOConfig
-from grpo_lab.core.sampler_correction import (
+from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo.sampler_correction import (
     sampler_correction_metrics,
     sampler_importance_weights,
     sampler_log_ratio,
 )
+from grpo_lab.train.config import GRPOConfig
 
 IS_SETTINGS = {  # id: (mode, clip_max, clip_min)
     "token_truncate": ("token_truncate", 2.0, None),

@@ -19,11 +19,11 @@ from peft import LoraConfig
 from trl import GRPOConfig as TRLConfig
 from trl import GRPOTrainer as TRLTrainer
 
-from grpo_lab.core import grpo_loss as core
-from grpo_lab.core.models import load_model_and_tokenizer
-from grpo_lab.core.rewards import exact_match_reward
-from grpo_lab.core.tasks import AdditionTask
-from grpo_lab.train.trainer import pad_left, pad_right
+from grpo_lab.algo import grpo_loss as core
+from grpo_lab.data.rewards import exact_match_reward
+from grpo_lab.data.tasks import AdditionTask
+from grpo_lab.model.models import load_model_and_tokenizer
+from grpo_lab.train.rollout_batch import pad_left, pad_right
 
 G = 4  # completions per prompt
 NUM_PROMPTS = 4

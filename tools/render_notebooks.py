@@ -3,9 +3,10 @@ each notebook's first screens.
 
     .venv/bin/python tools/render_notebooks.py EXECUTED_DIR SCREENSHOT_DIR [--height 6000]
 
-EXECUTED_DIR holds executed notebooks (e.g. `python -m course 04 --with-solutions --output-dir
-D`); the repository's `notebooks/figures/` is copied beside them so the committed drawings load.
-Needs playwright and a system Chromium (`make setup`), as tests/test_dashboard_browser.py does.
+EXECUTED_DIR holds executed notebooks (e.g. `python -m grpo_lab_course 04 --with-solutions
+--output-dir D`); the repository's `notebooks/figures/` is copied beside them so the committed
+drawings load. Needs playwright and a system Chromium (`make setup`), as
+tests/test_dashboard_browser.py does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from test_dashboard_browser import require_browser  # noqa: E402
 
-from grpo_lab.core.processes import free_port, stop_groups  # noqa: E402
+from grpo_lab.util.processes import free_port, stop_groups  # noqa: E402
 
 
 def main() -> int:

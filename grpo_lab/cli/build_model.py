@@ -38,16 +38,16 @@ def run(args) -> int:
               "cores); --source reference takes the shipped one at once", file=sys.stderr,
               flush=True)
     if args.kind == "smollm2-135m":
-        from ..core.pretrained import smollm2_path
+        from ..model.pretrained import smollm2_path
 
         print(smollm2_path(rebuild=args.rebuild))
     elif args.kind == "chat":
-        from ..core.chat_model import ChatModelRecipe, chat_model_path
+        from ..model.chat_model import ChatModelRecipe, chat_model_path
 
         print(chat_model_path(ChatModelRecipe(seed=args.seed), rebuild=args.rebuild,
                               num_threads=args.threads, source=args.source))
     else:
-        from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+        from ..model.tiny_model import TinyModelRecipe, tiny_model_path
 
         print(tiny_model_path(TinyModelRecipe(task=args.task, seed=args.seed),
                               rebuild=args.rebuild, num_threads=args.threads, source=args.source))

@@ -14,8 +14,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ..core.config import GRPOConfig
-from ..rollout.config import AsyncGRPOConfig
+from ..train.async_config import AsyncGRPOConfig
+from ..train.config import GRPOConfig
 from .flags import add_config_flags, config_from_args
 from .multi_job import DEFAULT_MIN_GAIN
 
@@ -64,8 +64,8 @@ def default_run_dir(jobs: str) -> str:
 
 def run_demo(config: GRPOConfig, min_gain: float = DEFAULT_MIN_GAIN) -> dict:
     """Train, then print and return the summary; everything lands in `config.output_dir`."""
-    from ..train.metrics import plot_training
     from ..train.trainer import GRPOTrainer  # torch and transformers: only for this job
+    from ..watch.metrics import plot_training
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default path never touches the hub
     if config.output_dir is None:

@@ -2,7 +2,7 @@
 
 It reads the trainer's `metrics.jsonl` (and `config.json`, for max_staleness and the sampler
 correction; `syncs.jsonl`, for the last adapter version published) and runs the run doctor
-(grpo_lab.train.doctor, with the pipeline's bottleneck) over it. With `--server-url` (a replica,
+(grpo_lab.watch.doctor, with the pipeline's bottleneck) over it. With `--server-url` (a replica,
 or the proxy in front of several) it also asks each replica's `/v1/models` whether it serves
 the last published adapter: a replica that never loaded it answers under the base model's name
 only.
@@ -11,6 +11,7 @@ only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -21,7 +22,9 @@ def add_parser(sub) -> None:
                         help="a replica or the proxy: ask the replicas which adapters they serve")
     doctor.add_argument("--adapter-prefix", default="policy",
                         help="the adapters' name prefix (train-async's --adapter-prefix)")
-    doctor.add_argument("--api-key", default=None, help="bearer token of the replicas/proxy")
+    doctor.add_argument("--api-key", default=None,
+                        help="bearer token of the replicas/proxy (default: $VLLM_API_KEY; "
+                             "prefer the variable: a flag's value shows in the process list)")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.set_defaults(func=run)
 
@@ -30,7 +33,7 @@ def replica_adapter_findings(server_url: str, adapter: str, api_key: str | None 
     """Findings for each replica (behind the proxy at `server_url`, or `server_url` itself) whose
     /v1/models does not list `adapter`."""
     from ..rollout.replica_check import fetch_json, proxy_replicas
-    from ..train.doctor import Finding
+    from ..watch.doctor import Finding
 
     def fetch(url):
         return fetch_json(url, api_key=api_key, timeout_s=5.0)
@@ -62,8 +65,8 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
                  adapter_prefix: str = "policy", api_key: str | None = None) -> list:
     """Every finding for a run folder (the doctor over its records, then the replicas)."""
     from ..bucket.adapters import adapter_name
-    from ..core.jsonl import read_jsonl
-    from ..observe.doctor_pipeline import pipeline_doctor
+    from ..util.jsonl import read_jsonl
+    from ..watch.doctor_pipeline import pipeline_doctor
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
@@ -87,7 +90,8 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
 
 
 def run(args) -> int:
-    findings = diagnose_run(args.run_dir, args.server_url, args.adapter_prefix, args.api_key)
+    findings = diagnose_run(args.run_dir, args.server_url, args.adapter_prefix,
+                            args.api_key or os.environ.get("VLLM_API_KEY"))
     problems = [f for f in findings if f.kind == "problem"]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))

@@ -13,10 +13,10 @@ import inspect
 import types
 import typing
 
-from ..core.argv import parse_bool
+from ..util.argv import parse_bool
 
 BOOL_FLAG = {"type": parse_bool, "nargs": "?", "const": True}
-"""A bool flag (grpo_lab.core.argv's convention): alone it means true, or takes a value."""
+"""A bool flag (grpo_lab.util.argv's convention): alone it means true, or takes a value."""
 
 
 class StoreGiven(argparse.Action):
@@ -61,7 +61,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict |
     """One `--field-name` flag per dataclass field, with the field's docstring as help.
 
     A bool flag alone means true (`--enable-lora`); it also takes a value (`--use-lora false`):
-    grpo_lab.core.argv's `flag_args` writes them that way. `cls` defaults to GRPOConfig.
+    grpo_lab.util.argv's `flag_args` writes them that way. `cls` defaults to GRPOConfig.
     """
     cls = cls or _grpo_config()
     docs = field_docs(cls)
@@ -79,7 +79,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict |
 
 
 def _grpo_config():
-    from ..core.config import GRPOConfig  # imports torch: only when a command needs it
+    from ..train.config import GRPOConfig  # imports torch: only when a command needs it
 
     return GRPOConfig
 

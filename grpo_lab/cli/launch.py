@@ -1,5 +1,5 @@
-"""`grpo-lab launch`: docs/recipe.md's multi-job run, built as a plan (grpo_lab.jobs.plan), then
-printed (--dry-run), run here or submitted to Hugging Face Jobs.
+"""`grpo-lab launch`: docs/recipe.md's multi-job run, built as a plan (grpo_lab.launch.recipe_plan),
+then printed (--dry-run), run here or submitted to Hugging Face Jobs.
 
     grpo-lab launch --dry-run                        the local plan and its shell lines
     grpo-lab launch --backend hf-jobs --bucket hf://buckets/me/lora --dry-run
@@ -8,27 +8,28 @@ printed (--dry-run), run here or submitted to Hugging Face Jobs.
     grpo-lab launch --preflight ...                  two CPU jobs check the mount and the port
                                                      first; the recipe starts only if all pass
 
-The local backend runs the jobs with `LocalLauncher` (grpo_lab.jobs.local) until the trainer exits;
-hf-jobs submits them with `HfJobsLauncher` (grpo_lab.jobs.hf_jobs), then follows the run and
-cancels every job when the trainer ends (grpo_lab.jobs.follow), or returns (--detach).
+The local backend runs the jobs with `LocalLauncher` (grpo_lab.launch.local) until the trainer
+exits; hf-jobs submits them with `HfJobsLauncher` (grpo_lab.launch.hf_jobs), then follows the run
+and cancels every job when the trainer ends (grpo_lab.launch.follow), or returns (--detach).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-from ..jobs.follow import cancel_run, launch_hf_jobs
-from ..jobs.hf_jobs import hf_jobs_commands
-from ..jobs.local import LaunchError, LocalLauncher, local_commands
-from ..jobs.plan import PRESETS, RecipeConfig, preset_config, recipe_plan
-from ..jobs.preflight import preflight_plan, run_preflight
-from ..jobs.specs import is_gpu_flavor
-from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs
+from ..launch.follow import cancel_run, launch_hf_jobs
+from ..launch.hf_jobs import hf_jobs_commands
+from ..launch.local import LaunchError, LocalLauncher, local_commands
+from ..launch.preflight import preflight_plan, run_preflight
+from ..launch.recipe_plan import PRESETS, RecipeConfig, preset_config, recipe_plan
+from ..launch.specs import is_gpu_flavor
+from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs, given_flags
 
 
 def add_parser(sub) -> None:
@@ -52,11 +53,11 @@ def add_parser(sub) -> None:
     launch.add_argument("--cancel", default=None, metavar="RUN",
                         help="hf-jobs: cancel every job of run RUN that still bills, then exit")
     launch.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="a named run (grpo_lab.jobs.plan.PRESETS; `blog`: the blog's run, "
-                             "docs/recipe.md); flags set to other values than their defaults "
+                        help="a named run (grpo_lab.launch.recipe_plan.PRESETS; `blog`: the blog's "
+                             "run, docs/recipe.md); flags set to other values than their defaults "
                              "replace the preset's")
     launch.add_argument("--preflight", default=False, **BOOL_FLAG,
-                        help="first run two cheap CPU jobs (grpo_lab.jobs.preflight) that check "
+                        help="first run two cheap CPU jobs (grpo_lab.launch.preflight) that check "
                              "the bucket mount (directory rename, whole-file writes, the lag of "
                              "one job's write in another's mount) and the replica's port with "
                              "bearer auth; print their report, then start the recipe's jobs "
@@ -93,10 +94,10 @@ def _changed_fields(config: RecipeConfig) -> dict:
 
 
 def _forecast_lines(config: RecipeConfig, extra: dict, mount_lag_s: float | None = None) -> str:
-    """The planner's prediction for this exact plan (grpo_lab.jobs.planner.forecast_plan), as
+    """The planner's prediction for this exact plan (grpo_lab.plan.planner.forecast_plan), as
     shell comments: the dry run's lines stay a script `bash -n` accepts. `mount_lag_s`: the
     preflight's measured lag, in place of the blog's."""
-    from ..jobs.planner import forecast_plan
+    from ..plan.planner import forecast_plan
 
     try:
         text = forecast_plan(config, mount_lag_s=mount_lag_s).describe()
@@ -107,6 +108,37 @@ def _forecast_lines(config: RecipeConfig, extra: dict, mount_lag_s: float | None
     return "\n".join(f"# {line}" if line else "#" for line in
                      ["forecast (grpo-lab plan's simulator; `grpo-lab plan` to search):",
                       *text.splitlines()])
+
+
+TIMEOUT_MARGIN, TIMEOUT_SLACK_S = 1.5, 1800.0
+"""A job's `--timeout` when none is given, on GPU flavors: the forecast wall clock x 1.5 + 30
+minutes (the simulator's median error on the blog's figures is 16 %, its worst about 40 %)."""
+
+
+def timeout_seconds(text: str) -> float:
+    """HF Jobs' timeout (`4h`, `90m`, `3600s`, `3600`) in seconds."""
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise ValueError(f"timeout {text!r}: a number with s, m, h or d (e.g. 4h, 90m)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def timeout_from_forecast(config: RecipeConfig, wall_clock_s: float, given: bool
+                          ) -> tuple[RecipeConfig, str]:
+    """(config, what was done): without a given --timeout, the forecast's wall clock with a
+    margin; with one, a ValueError when the forecast itself does not fit in it."""
+    if given:
+        if wall_clock_s > timeout_seconds(config.timeout):
+            raise ValueError(f"the forecast wall clock ({wall_clock_s / 3600:.1f} h) is longer "
+                             f"than --timeout {config.timeout}: the jobs would be killed before "
+                             "the run ends. Raise --timeout, or shorten the run")
+        return config, f"--timeout {config.timeout} (given; the forecast is " \
+                       f"{wall_clock_s / 3600:.1f} h)"
+    minutes = int(-(-(wall_clock_s * TIMEOUT_MARGIN + TIMEOUT_SLACK_S) // 60))
+    return replace(config, timeout=f"{minutes}m"), (
+        f"--timeout {minutes}m: the forecast wall clock ({wall_clock_s / 3600:.1f} h) x "
+        f"{TIMEOUT_MARGIN} + {TIMEOUT_SLACK_S / 60:.0f} min")
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -120,6 +152,22 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"(no --bucket given: shown with {DRY_RUN_BUCKET})")
     extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
     plan = recipe_plan(config, **extra)
+    if plan.backend == "hf-jobs" and is_gpu_flavor(plan["trainer"].flavor):
+        from ..plan.planner import forecast_plan
+
+        try:
+            wall_clock_s = forecast_plan(config).wall_clock_s
+        except (ValueError, KeyError):  # a model or flavor the planner does not know
+            wall_clock_s = None
+        if wall_clock_s is not None:
+            given = "timeout" in given_flags(args) or bool(args.preset)
+            try:
+                config, how = timeout_from_forecast(config, wall_clock_s, given)
+            except ValueError as exc:
+                print(f"grpo-lab launch: {exc}", file=sys.stderr)
+                return 2
+            plan = recipe_plan(config, **extra)
+            print(f"timeout: {how}")
     run_dir = Path(args.run_dir or Path("runs") / plan.name)
     preflight = args.preflight or args.preflight_only
     if preflight:  # the preflight's folder in the bucket: the run's own

@@ -22,16 +22,17 @@ from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 
-from ..core.argv import flag_args
-from ..core.jsonl import JsonlTail, read_jsonl
-from ..core.pretrained import SMOLLM2, smollm2_path
-from ..jobs.local import LocalLauncher
-from ..jobs.plan import DEFAULT_TRAINER_ARGS, recipe_plan
-from ..observe.live_stats import proxy_stats, replica_cache_stats
-from ..observe.plots import plot_pipeline
-from ..rollout.config import AsyncGRPOConfig
-from ..serving.prefix_cache import DEFAULT_BLOCK_SIZE
-from ..train.metrics import plot_training, read_metrics
+from ..launch.local import LocalLauncher
+from ..launch.recipe_plan import recipe_plan
+from ..launch.trainer_args import DEFAULT_TRAINER_ARGS
+from ..model.pretrained import SMOLLM2, smollm2_path
+from ..serve.prefix_cache import DEFAULT_BLOCK_SIZE
+from ..train.async_config import AsyncGRPOConfig
+from ..util.argv import flag_args
+from ..util.jsonl import JsonlTail, read_jsonl
+from ..watch.live_stats import proxy_stats, replica_cache_stats
+from ..watch.metrics import plot_training, read_metrics
+from ..watch.plots import plot_pipeline
 from .flags import config_from_args, given_flags
 
 DEFAULT_MIN_GAIN = 0.20
@@ -115,7 +116,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     """Start the jobs, follow the trainer, then print and return the summary.
 
     `engine`: the replicas' server, `grpo-lab` (`grpo-lab serve`) or `vllm` (real vLLM, its CPU
-    build here: grpo_lab.serving.vllm_process; 16-token KV blocks, 1-3 minutes to start).
+    build here: grpo_lab.serve.vllm_process; 16-token KV blocks, 1-3 minutes to start).
 
     `on_step(launcher, record)`: called with the newest metrics record while the trainer runs
     (a test kills a replica from there)."""
@@ -133,7 +134,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     if config.model == "tiny":
         # Build (or find) the model once, here, with every core, before any job starts: else
         # each replica and the trainer would build it at the same time on one thread each.
-        from ..core.tiny_model import TinyModelRecipe, tiny_model_path
+        from ..model.tiny_model import TinyModelRecipe, tiny_model_path
 
         recipe = TinyModelRecipe(task=config.task, difficulty=config.difficulty)
         config.model = str(tiny_model_path(recipe, progress=config.progress,
@@ -143,7 +144,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     elif config.model == SMOLLM2:  # made once from its wheel here, before any job starts
         config.model = str(smollm2_path(progress=config.progress))
     if engine == "vllm":
-        from ..serving.vllm_process import STARTUP_TIMEOUT_S, vllm_missing_reason
+        from ..serve.vllm_process import STARTUP_TIMEOUT_S, vllm_missing_reason
 
         if vllm_missing_reason():
             raise RuntimeError(vllm_missing_reason())

@@ -1,5 +1,5 @@
 """`grpo-lab plan`: the HF Jobs plan to pay for, chosen before anything starts
-(grpo_lab.jobs.planner: the pipeline simulator over a grid of flavors and settings).
+(grpo_lab.plan.planner: the pipeline simulator over a grid of flavors and settings).
 
     grpo-lab plan --preset blog                     the blog's run: h200 replicas, h200x2 trainer
     grpo-lab plan --model qwen2.5-0.5b --single-gpu --deadline-h 2
@@ -18,7 +18,7 @@ import json
 from .flags import BOOL_FLAG
 
 PRESET_FLAVORS = {"blog": ("h200", "h200x2")}
-"""--preset NAME: its replica and trainer flavors (grpo_lab.jobs.blog.PRESETS)."""
+"""--preset NAME: its replica and trainer flavors (grpo_lab.launch.blog.PRESETS)."""
 RECIPE_FLAGS = ("prompts_per_step", "num_generations", "weight_sync_steps")
 """The recipe's settings `grpo-lab plan` takes (PipelineSetting fields; the blog's by default)."""
 
@@ -91,10 +91,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`grpo-lab plan`: search, then print the recommendation (exit 2 with the reason if none)."""
-    from ..jobs.blog import HF_BLOG_MODEL
-    from ..jobs.flavors import PRICES_COPIED, PRICES_SOURCE, flavors
-    from ..jobs.plan import preset_config
-    from ..jobs.planner import REPLICA_COUNTS, forecast_plan, plan_run
+    from ..launch.blog import HF_BLOG_MODEL
+    from ..launch.recipe_plan import preset_config
+    from ..plan.flavors import PRICES_COPIED, PRICES_SOURCE, flavors
+    from ..plan.planner import REPLICA_COUNTS, forecast_plan, plan_run
 
     table = flavors(refresh=args.refresh)
     replica_flavors, trainer_flavors = _names(args.replica_flavor), _names(args.trainer_flavor)

@@ -1,9 +1,9 @@
 """`grpo-lab serve tiny --enable-lora --port 8000`: an inference server speaking vLLM's HTTP
-contract (grpo_lab.serving); its flags are ServeConfig's fields."""
+contract (grpo_lab.serve); its flags are ServeConfig's fields."""
 
 from __future__ import annotations
 
-from ..serving.config import ServeConfig
+from ..serve.config import ServeConfig
 from .flags import add_config_flags, config_from_args
 
 
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..serving.serve_loop import serve  # the engine and the HTTP app: only when serving
+    from ..serve.serve_loop import serve  # the engine and the HTTP app: only when serving
 
     serve(config_from_args(args, ServeConfig))
     return 0

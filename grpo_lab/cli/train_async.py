@@ -1,12 +1,12 @@
 """`grpo-lab train-async`: the trainer job with grpo_lab's asynchronous trainer
-(grpo_lab.jobs.train_async_job; under `accelerate launch`, on several processes)."""
+(grpo_lab.train.async_job; under `accelerate launch`, on several processes)."""
 
 from __future__ import annotations
 
 import json
 
-from ..jobs.train_async_job import TrainAsyncJobConfig, run_train_async
-from ..rollout.config import AsyncGRPOConfig
+from ..train.async_config import AsyncGRPOConfig
+from ..train.async_job import TrainAsyncJobConfig, run_train_async
 from ..train.distributed import is_main_process
 from .flags import add_config_flags, config_from_args
 

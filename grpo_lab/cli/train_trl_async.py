@@ -1,4 +1,4 @@
-"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (jobs/trl_async_job).
+"""`grpo-lab train-trl-async`: the trainer job with TRL's AsyncGRPOTrainer (trl/async_job).
 
     grpo-lab train-trl-async --server-url http://127.0.0.1:8000 --output-dir runs/trl \\
         --model tiny-chat --dataset <chat model>/data --reward math_answer --steps 50
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from ..jobs.trl_async_job import TrlAsyncJobConfig, run_train_trl_async
-from ..rollout.config import AsyncGRPOConfig
+from ..train.async_config import AsyncGRPOConfig
+from ..trl.async_job import TrlAsyncJobConfig, run_train_trl_async
 from .flags import add_config_flags, config_from_args
 
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from ..serving.protocol import error_body, parse_error
+from ..serve.protocol import error_body, parse_error
 from .upstream import LOAD_PATH, UNLOAD_PATH, BroadcastResult, Send, UpstreamError, upstream_message
 
 NOT_VISIBLE = "No adapter found"  # vLLM's 404 for a directory its mount has not seen yet

@@ -20,8 +20,8 @@ import time
 
 from aiohttp import web
 
-from ..serving.process import serve_until_signalled
-from ..serving.protocol import bearer_ok, error_body
+from ..serve.process import serve_until_signalled
+from ..serve.protocol import bearer_ok, error_body
 from .broadcast import BROADCAST_PATHS, Broadcaster
 from .completions import CompletionForwarder
 from .config import ProxyConfig

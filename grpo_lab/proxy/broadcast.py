@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from ..serving.protocol import RequestError, error_body, loads_json
+from ..serve.protocol import RequestError, error_body, loads_json
 from .adapter_loads import load_everywhere, unload_everywhere
 from .config import ProxyConfig
 from .replicas import ReplicaSet

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from ..serving.protocol import RequestError, loads_json
+from ..serve.protocol import RequestError, loads_json
 from .config import ProxyConfig
 from .prompt_keys import routing_keys
 from .replicas import ReplicaSet, transport_error

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from ..serving.protocol import error_body
+from ..serve.protocol import error_body
 from .config import ProxyConfig
 from .replicas import ReplicaSet
 from .upstream import UpstreamError

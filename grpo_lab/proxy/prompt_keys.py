@@ -9,7 +9,7 @@ each in English text. Pseudo-blocks do not line up with the server's KV blocks, 
 share a long prefix share their leading pseudo-blocks, and that is what affinity needs.
 
 A body that no replica could ever accept (no prompt, an empty one, a wrong type) raises the
-server's `RequestError` (grpo_lab.serving.protocol, the same prompt rules), so the proxy answers
+server's `RequestError` (grpo_lab.serve.protocol, the same prompt rules), so the proxy answers
 400 at once without a round trip.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from ..serving.protocol import RequestError, parse_prompts
+from ..serve.protocol import RequestError, parse_prompts
 
 TEXT_BYTES_PER_TOKEN = 4  # pseudo-tokens of text prompts: 4 UTF-8 bytes each
 

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..serving.block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
+from ..serve.block_hashes import DEFAULT_BLOCK_SIZE, chained_block_hashes
 
 RouteKind = Literal["affinity", "spill", "unmatched"]
 RECENT_PROMPT_TOKENS = 1 << 18
@@ -122,7 +122,7 @@ class PrefixRouter:
         The seed is derived from the adapter name, so the same tokens under `policy-v3` and
         `policy-v4` share no hash (vLLM keeps the adapter in every block's extra keys). The
         servers' prefix caches key their blocks with the same function
-        (grpo_lab.serving.block_hashes).
+        (grpo_lab.serve.block_hashes).
         """
         return chained_block_hashes(token_ids, adapter_name, self.config.block_size)
 

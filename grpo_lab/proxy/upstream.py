@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from ..serving.protocol import parse_error
+from ..serve.protocol import parse_error
 from .http_pool import ConnectFailed, InvalidResponse
 
 LOAD_PATH = "/v1/load_lora_adapter"

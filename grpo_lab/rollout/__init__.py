@@ -1,6 +1,7 @@
-"""Stage 5, rollout: generation apart from training, joined by a rollout buffer.
+"""rollout: where a trainer's samples come from, apart from training.
 
-The bounded, versioned buffer; the `Generator` interface and `LocalGenerator`; the asynchronous
-trainer (a rollout worker thread, admission by staleness); `HTTPGenerator`, the same interface
-over the servers of stage 4 with adapters through the bucket. Taught by notebooks 04 and 05.
+The bounded, versioned rollout buffer; the `Generator` interface with `LocalGenerator` (in
+process) and `HTTPGenerator` (inference servers, adapters through the bucket); the scored group
+the rollout worker hands over; the check that servers serve the trainer's base model.
+Taught by notebooks 04 and 05.
 """

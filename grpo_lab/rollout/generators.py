@@ -18,7 +18,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..core.generation import Completions, sample_from_ids
+from ..data.completions import Completions
+from ..model.generation import sample_from_ids
 
 
 @runtime_checkable

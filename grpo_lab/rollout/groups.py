@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.generation import Completions
-from ..core.tasks import Problem
+from ..data.completions import Completions
+from ..data.tasks import Problem
 
 
 @dataclass

@@ -16,9 +16,9 @@ import threading
 import time
 
 from ..bucket.adapters import AdapterBucket, adapter_name
-from ..core.generation import Completions
-from ..core.sampling_settings import SAMPLING_FIELDS
-from ..serving.client import BlockingClient, ServerError
+from ..data.completions import Completions
+from ..serve.client import BlockingClient, ServerError
+from ..serve.sampling_settings import SAMPLING_FIELDS
 
 RETRY_STATUSES = (502, 503, 504)
 """The proxy's answers when a replica fails under a request: worth sending it again."""
@@ -90,7 +90,7 @@ class HTTPGenerator:
         prompt (TRL's rollout worker, the blog's)."""
         self.sampling = dict(sampling or {})
         """top_p, top_k, min_p, repetition_penalty, stop, stop_token_ids of every request
-        (grpo_lab.core.sampling_settings' `sampling_settings(config)`; unset = untruncated);
+        (grpo_lab.serve.sampling_settings' `sampling_settings(config)`; unset = untruncated);
         temperature and max_tokens come with each `generate` call."""
         self.max_inflight = max_inflight
         """Most completion requests in flight at once within one `generate` call (None = all of
@@ -103,6 +103,7 @@ class HTTPGenerator:
         """The most requests that were in flight at once so far (completions with "single")."""
         self._inflight = 0
         self._recent_peak = 0  # since the last `pop_inflight_peak`
+        self.unloaded_at_start: list[str] = []
 
     def name(self, version: int) -> str:
         return adapter_name(version, self.bucket.prefix)
@@ -111,6 +112,20 @@ class HTTPGenerator:
     def latest_version(self) -> int:
         with self._lock:
             return self._latest
+
+    def start_after_earlier_runs(self) -> int:
+        """Before a run's first publish: unload the adapters of this bucket's prefix that the
+        server still holds (an earlier or failed run's: never sample from them, and their names
+        would clash), and return the first version no earlier run used (a bucket never reuses a
+        version's name). The unloaded names are kept in `unloaded_at_start`."""
+        prefix = self.bucket.prefix + "-v"
+        self.unloaded_at_start = [m["id"] for m in self.client.models()
+                                  if m["id"].startswith(prefix)]
+        for name in self.unloaded_at_start:
+            self._control(self.client.unload_lora_adapter, name, unload=True)
+        for version in self.bucket.versions():
+            self.bucket.mark_unloaded(version)
+        return max(self.bucket.versions(), default=-1) + 1
 
     def publish(self, model, version: int) -> None:
         if version <= self.latest_version:

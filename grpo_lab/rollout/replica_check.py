@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.models import MADE_MODELS
+from ..model.models import MADE_MODELS
 
 BUILT_MODELS = MADE_MODELS
 """grpo_lab's own models by short name: each machine keeps them in its own cache folder

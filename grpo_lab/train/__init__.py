@@ -1,7 +1,8 @@
-"""Stage 2, train: synchronous GRPO, one step after the other, full or LoRA.
+"""train: the trainers, their configs and their jobs.
 
-The trainer, token-budget micro-batches (packing), sample completions every N steps and
-`metrics.jsonl` with TRL's names; several processes under `accelerate launch` (distributed).
-Taught by notebooks 01, 02 (LoRA) and 03 (the same run with TRL); packing in notebook 08; on a
-dataset and a chat model in notebook 09.
+`GRPOConfig` and the synchronous `GRPOTrainer` (full or LoRA; its update over micro-batches in
+`policy_update`), a step's batch, DAPO's dynamic sampling, several processes under `accelerate
+launch`; `AsyncGRPOConfig` and `AsyncGRPOTrainer` (a rollout worker thread, admission by
+staleness, the proximal policy); the trainer job `grpo-lab train-async`. Taught by notebooks 01,
+02, 04 and 07.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..core.tasks import Problem
+from ..data.tasks import Problem
 from .rollout_batch import SampledGroups, zero_std_groups
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..core.config import GRPOConfig
-from ..core.models import MADE_MODELS, model_folder
+from ..model.models import MADE_MODELS, model_folder
+from .config import GRPOConfig
 
 
 def enable_activation_checkpointing(model) -> None:
@@ -22,7 +22,7 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def resolve_model_path(config: GRPOConfig):
-    """A model as transformers loads it: grpo_lab's own by folder (grpo_lab.core.models), made
+    """A model as transformers loads it: grpo_lab's own by folder (grpo_lab.model.models), made
     first if needed; others as given."""
     folder = model_folder(config.model, task=config.task, difficulty=config.difficulty,
                           progress=config.progress)

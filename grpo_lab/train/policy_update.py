@@ -13,12 +13,12 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..core.flops import flops_per_token, peak_flops
-from ..core.sampler_correction import sampler_correction_metrics, sampler_importance_weights
-from .packing import accumulate_grpo_loss
+from ..algo.packing import accumulate_grpo_loss
+from ..algo.sampler_correction import sampler_correction_metrics, sampler_importance_weights
+from ..algo.shared_prompt import layout_micro_batches
+from ..watch.flops import flops_per_token, peak_flops
+from ..watch.step_metrics import layout_metrics, throughput_metrics
 from .rollout_batch import RolloutBatch
-from .shared_prompt import layout_micro_batches
-from .step_metrics import layout_metrics, throughput_metrics
 
 
 class PolicyUpdate:
@@ -62,7 +62,7 @@ class PolicyUpdate:
 
     def micro_batches(self, batch: RolloutBatch, token_budget: int | None = None, **packing):
         """The batch laid out for forward passes: a row per group when `share_prompts`
-        (grpo_lab.train.shared_prompt), else a row per sequence (or `packing`'s layout)."""
+        (grpo_lab.algo.shared_prompt), else a row per sequence (or `packing`'s layout)."""
         cfg = self.config
         return layout_micro_batches(
             batch, token_budget, group_size=cfg.num_generations if self.share_prompts else None,
@@ -83,7 +83,7 @@ class PolicyUpdate:
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
         """Stage 4: `num_iterations` clipped-surrogate updates on one batch, over micro-batches
         of at most `token_budget` forward tokens (one pass when None): the same loss and
-        gradient either way (grpo_lab.train.packing.accumulate_grpo_loss).
+        gradient either way (grpo_lab.algo.packing.accumulate_grpo_loss).
 
         With `vllm_importance_sampling_correction` the ratio is taken against the trainer's own
         logprobs before the first update (TRL's old_per_token_logps) and each token's loss is
@@ -137,7 +137,7 @@ class PolicyUpdate:
                 use_bias_correction_kl=cfg.use_bias_correction_kl)
 
     def step_work(self, batch: RolloutBatch, micro_batches: list) -> dict[str, float]:
-        """The step's layout metrics (grpo_lab.train.step_metrics, a collective), keeping the
+        """The step's layout metrics (grpo_lab.watch.step_metrics, a collective), keeping the
         model FLOPs of its passes for `throughput`: every training pass (num_iterations) over
         the unpadded tokens, and the reference's no-grad forward (beta > 0), a third of one."""
         cfg = self.config
@@ -149,7 +149,7 @@ class PolicyUpdate:
         return metrics
 
     def peak_flops(self) -> float | None:
-        """One process's peak FLOP/s (grpo_lab.core.flops): a GPU's published one, or the CPU's
+        """One process's peak FLOP/s (grpo_lab.watch.flops): a GPU's published one, or the CPU's
         measured once at the trainer's threads. None when unknown (no MFU is logged)."""
         if not hasattr(self, "_peak_flops"):
             dtype = self.autocast_dtype or next(self.model.parameters()).dtype
@@ -169,7 +169,7 @@ class PolicyUpdate:
     def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
                         mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """The importance weights pi_old / pi_sampler of the configured mode and cap, (B, T) or
-        (B, 1), and TRL's `sampling/*` metrics of them (grpo_lab.core.sampler_correction)."""
+        (B, 1), and TRL's `sampling/*` metrics of them (grpo_lab.algo.sampler_correction)."""
         cfg = self.config
         mode = cfg.vllm_importance_sampling_mode
         weights = sampler_importance_weights(

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.generation import Completions
-from ..core.reward_set import RewardSet
-from ..core.tasks import Problem
+from ..data.completions import Completions
+from ..data.reward_set import RewardSet
+from ..data.tasks import Problem
 from .distributed import Processes
 
 

@@ -20,41 +20,57 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..core.config import GRPOConfig
-from ..core.devices import resolve_device, resolve_dtype
-from ..core.evaluation import greedy_answers
-from ..core.generation import Completions, generate_completions
-from ..core.grpo_loss import group_advantages
-from ..core.models import load_model_and_tokenizer
-from ..core.prompts import render_prompt
-from ..core.reward_set import RewardSet
-from ..core.tasks import Problem
+from ..algo.grpo_loss import group_advantages
+from ..algo.shared_prompt import supports_shared_prompt
+from ..data.completions import Completions
+from ..data.prompts import render_prompt
+from ..data.reward_set import RewardSet
+from ..data.tasks import Problem
+from ..model.evaluation import greedy_answers
+from ..model.generation import generate_completions
+from ..model.models import load_model_and_tokenizer
+from ..util.devices import resolve_device, resolve_dtype
+from ..watch.doctor import chat_template_finding, make_doctor
+from ..watch.metrics import MetricsLogger, format_step, set_aside_earlier_run
+from ..watch.reporters import make_reporters
+from ..watch.samples import CompletionLog
+from .config import GRPOConfig, config_from_trl_arguments
 from .distributed import Processes
-from .doctor import chat_template_finding, make_doctor
 from .dynamic_sampling import sample_with_signal
-from .metrics import MetricsLogger, format_step
 from .policy_model import prepare_policy, resolve_model_path
 from .policy_update import PolicyUpdate
-from .reporters import make_reporters
-from .rollout_batch import (  # noqa: F401 (pad_left, pad_right: imported from here too)
+from .rollout_batch import (
     RolloutBatch,
     SampledGroups,
     gather_samples,
-    pad_left,
-    pad_right,
     rollout_metrics,
 )
-from .samples import CompletionLog
-from .shared_prompt import supports_shared_prompt
 
 CAPPED_WARNING = 0.5
 """The share of a step's completions cut at `max_new_tokens` from which the trainer warns."""
 
 
 class GRPOTrainer(PolicyUpdate):
-    """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records."""
+    """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records.
 
-    def __init__(self, config: GRPOConfig, model=None, tokenizer=None):
+    `GRPOTrainer(config)`, or with a loaded `model` (and its `tokenizer`). TRL's form works too:
+    `GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., eval_dataset=...,
+    peft_config=..., processing_class=tokenizer)` (grpo_lab.train.config.
+    config_from_trl_arguments)."""
+
+    def __init__(self, config: GRPOConfig | None = None, model=None, tokenizer=None, *,
+                 reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, peft_config=None, processing_class=None):
+        if not isinstance(config, GRPOConfig):  # TRL's order: (model, reward_funcs, args=...)
+            if config is not None and reward_funcs is None:  # positional: (model, reward_funcs)
+                model, reward_funcs = config, model
+            elif config is not None:
+                model = config
+            config, model = config_from_trl_arguments(model, reward_funcs, args, train_dataset,
+                                                      eval_dataset, peft_config)
+            tokenizer = processing_class if processing_class is not None else tokenizer
+            if model is not None and tokenizer is None:
+                raise ValueError("a loaded model needs its tokenizer: processing_class=")
         self.config = config
         if config.num_threads:  # only when asked: torch's default otherwise, CPU or GPU
             torch.set_num_threads(config.num_threads)
@@ -88,7 +104,7 @@ class GRPOTrainer(PolicyUpdate):
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         self.tokenizer = tokenizer
-        # How prompts become ids, in training and evaluation alike (grpo_lab.core.prompts).
+        # How prompts become ids, in training and evaluation alike (grpo_lab.data.prompts).
         self.prompt_format = {"system_prompt": config.system_prompt,
                               "chat_template": config.chat_template}
         self.model = self._prepare_model(model.to(self.device))
@@ -231,6 +247,10 @@ class GRPOTrainer(PolicyUpdate):
         cfg = self.config
         evaluating = cfg.eval_size > 0  # 0: no held-out evaluation at all
         if self.step_count == 0:
+            if self.logger.path and not self.logger.records:  # a fresh run, never mixed
+                if earlier := set_aside_earlier_run(self.logger.path.parent):
+                    tqdm.write(f"{self.logger.path.parent} held an earlier run: its records "
+                               f"moved to {earlier}")
             self.check_prompt_format()
             if evaluating:
                 self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})

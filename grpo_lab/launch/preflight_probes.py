@@ -1,0 +1,209 @@
+"""What the two preflight jobs run (grpo_lab.launch.preflight): the standard library only, so an HF
+job runs this file from the bucket in a bare `python:3.12` image, with nothing installed.
+
+    python3 preflight_probes.py replica --dir D --port P --token-env T   # job B
+    python3 preflight_probes.py trainer --dir D --url U --token-env T    # job A
+
+Job A plays the trainer: it writes into the mounted bucket as the adapter publish does (a whole
+file, a folder, a directory rename), publishes a beacon, then reaches job B's exposed port with
+the bearer token, without it and with a wrong one. Job B plays a replica: it serves a port that
+wants the token (as a replica behind the proxy), and watches its own mount for A's beacon, so the
+time from A's write to B's sight is the lag every weight sync waits out. Each job writes what it
+found as a JSON file in the bucket, written whole (a bucket mount takes no append).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import http.server
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+BEACON = "beacon/written.json"
+"""Job A's beacon, relative to the run's preflight folder; published by a directory rename."""
+RESULT = "{role}-probe.json"
+"""Each job's findings in the preflight folder: `trainer-probe.json`, `replica-probe.json`."""
+
+
+def write_whole(path: str, data: dict) -> None:
+    """A new file written whole (`w` truncates): what a bucket mount takes."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def attempt(action) -> dict:
+    """Run one mount operation: {"ok": True} or {"ok": False, "error": "OSError: ..."}."""
+    try:
+        action()
+        return {"ok": True, "error": None}
+    except OSError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Job A: the trainer's side
+# ---------------------------------------------------------------------------------------------
+
+def check_mount(folder: str) -> dict:
+    """The adapter publish's operations, in its order: stage a folder with a file written whole,
+    publish it by a directory rename, read it back under its new name, overwrite a file whole."""
+    staged, published = os.path.join(folder, ".staged.tmp"), os.path.join(folder, "published")
+    found = {"whole_file_write": attempt(lambda: write_whole(os.path.join(folder, "probe.json"),
+                                                              {"written": True}))}
+    found["folder"] = attempt(lambda: (os.makedirs(staged, exist_ok=True),
+                                       write_whole(os.path.join(staged, "adapter.json"), {})))
+    found["rename"] = attempt(lambda: os.rename(staged, published))  # the publish itself
+    if found["rename"]["ok"]:
+        found["read_after_rename"] = attempt(lambda: read_json(os.path.join(published,
+                                                                            "adapter.json")))
+    found["overwrite"] = attempt(lambda: write_whole(os.path.join(folder, "probe.json"),
+                                                     {"written": 2}))
+    return found
+
+
+def publish_beacon(folder: str, renames: bool) -> dict:
+    """The beacon job B watches for, published as an adapter is: staged, then renamed into place
+    (written in place where the mount cannot rename). Its `written_at` starts the lag's clock."""
+    staged, final = os.path.join(folder, ".beacon.tmp"), os.path.dirname(os.path.join(folder,
+                                                                                       BEACON))
+    written_at = time.time()
+    os.makedirs(staged if renames else final, exist_ok=True)
+    write_whole(os.path.join(staged if renames else final, os.path.basename(BEACON)),
+                {"written_at": written_at})
+    if renames:
+        os.rename(staged, final)
+    return {"written_at": written_at, "published_by": "rename" if renames else "write"}
+
+
+def http_status(url: str, token: str | None, timeout_s: float = 30.0) -> dict:
+    """GET url with `Authorization: Bearer <token>` (none if token is None): the status and the
+    body's JSON, or the connection error."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=timeout_s) as response:
+            return {"status": response.status, "body": json.loads(response.read() or b"null")}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "body": None}
+    except (OSError, ValueError) as exc:
+        return {"status": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def reach_replica(url: str, token: str, timeout_s: float) -> dict:
+    """Wait (bounded) until job B's port answers with the token, then ask without it, with a wrong
+    one and with it: the first two must be refused, the last served."""
+    deadline, probe = time.monotonic() + timeout_s, url.rstrip("/") + "/probe"
+    health = http_status(url.rstrip("/") + "/health", token)
+    while health.get("status") != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        health = http_status(url.rstrip("/") + "/health", token)
+    return {"url": url, "health": health, "no_token": http_status(probe, None),
+            "wrong_token": http_status(probe, token + "-wrong"), "token": http_status(probe, token)}
+
+
+def run_trainer(args) -> int:
+    os.makedirs(args.dir, exist_ok=True)
+    mount = check_mount(args.dir)
+    result = {"role": "trainer", "mount": mount,
+              "beacon": publish_beacon(args.dir, renames=mount["rename"]["ok"]),
+              "reach": reach_replica(args.url, os.environ[args.token_env], args.reach_timeout_s)}
+    write_whole(os.path.join(args.dir, RESULT.format(role="trainer")), result)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Job B: a replica's side
+# ---------------------------------------------------------------------------------------------
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """`Authorization: Bearer <token>`, compared in constant time (as the servers do)."""
+    return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
+
+
+def make_handler(token: str):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        """/health is open (the launcher's health check); every other path wants the token."""
+
+        def do_GET(self):
+            if self.path != "/health" and not bearer_matches(self.headers.get("Authorization"),
+                                                             token):
+                return self._send(401, {"error": "missing or wrong bearer token"})
+            self._send(200, {"ok": True, "path": self.path})
+
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt, *args):  # one line per request in the job's log
+            print(f"[replica-probe] {self.command} {self.path} -> {fmt % args}", flush=True)
+
+    return Handler
+
+
+def watch_beacon(folder: str, timeout_s: float, poll_s: float) -> dict:
+    """Poll this job's mount for job A's beacon; the lag is from A's write to its first sight
+    here. Listing the folder first makes a caching mount look again (a bare open may be answered
+    from a cached 'no such file')."""
+    path, started = os.path.join(folder, BEACON), time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            os.listdir(os.path.dirname(path))
+            written_at = read_json(path)["written_at"]
+            seen_at = time.time()
+            return {"seen": True, "lag_s": seen_at - written_at, "written_at": written_at,
+                    "seen_at": seen_at, "watch_timeout_s": timeout_s}
+        except (OSError, ValueError, KeyError):
+            time.sleep(poll_s)
+    return {"seen": False, "lag_s": None, "watch_timeout_s": timeout_s}
+
+
+def run_replica(args) -> int:
+    os.makedirs(args.dir, exist_ok=True)
+    token = os.environ[args.token_env]
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", args.port), make_handler(token))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"[replica-probe] serving on port {args.port}; watching {args.dir}", flush=True)
+    result = {"role": "replica", **watch_beacon(args.dir, args.watch_timeout_s, args.poll_s)}
+    write_whole(os.path.join(args.dir, RESULT.format(role="replica")), result)
+    print(json.dumps(result), flush=True)
+    # Serve on until stopped, as a replica does; a bound so that a forgotten job stops billing
+    time.sleep(max(0.0, args.serve_timeout_s - args.watch_timeout_s))
+    server.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="preflight_probes.py")
+    sub = parser.add_subparsers(dest="role", required=True)
+    replica = sub.add_parser("replica", help="job B: serve a bearer-checked port, watch the mount")
+    replica.add_argument("--port", type=int, required=True)
+    replica.add_argument("--watch-timeout-s", type=float, default=300.0)
+    replica.add_argument("--poll-s", type=float, default=0.1)
+    replica.add_argument("--serve-timeout-s", type=float, default=900.0)
+    trainer = sub.add_parser("trainer", help="job A: write into the mount, reach job B")
+    trainer.add_argument("--url", required=True)
+    trainer.add_argument("--reach-timeout-s", type=float, default=600.0)
+    for role in (replica, trainer):
+        role.add_argument("--dir", required=True, help="the run's preflight folder in the mount")
+        role.add_argument("--token-env", required=True, help="env var holding the bearer token")
+    args = parser.parse_args(argv)
+    return run_replica(args) if args.role == "replica" else run_trainer(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

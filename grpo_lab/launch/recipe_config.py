@@ -1,0 +1,107 @@
+"""`RecipeConfig`: the settings of the recipe's plan (grpo_lab.launch.recipe_plan), the flags of
+`grpo-lab launch`, one docstring per field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..serve.prefix_cache import DEFAULT_BLOCK_SIZE
+
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+"""A run's name becomes its HF jobs' names and a label: the Hub's labels take letters, digits, `-`
+and `_` only (huggingface_hub's `_sanitize_job_name` turns anything else, `.` included, into
+`-`)."""
+
+
+def check_run_name(name: str) -> None:
+    """Raise ValueError naming a run name the Hub would refuse, and the name it would take."""
+    if not RUN_NAME_RE.fullmatch(name):
+        fixed = re.sub(r"[^A-Za-z0-9_-]", "-", name).lstrip("-_") or "run"
+        raise ValueError(f"run name {name!r}: a run's name labels its HF jobs, and the Hub's "
+                         f"labels take letters, digits, '-' and '_' (starting with a letter or "
+                         f"digit): use e.g. {fixed!r}")
+
+
+@dataclass
+class RecipeConfig:
+    """Parameters of `recipe_plan` (and flags of `grpo-lab launch`)."""
+
+    backend: str = "local"
+    """`local` (one process per job on this machine) or `hf-jobs` (one Hugging Face Job each)."""
+    base_model: str | None = None
+    """Base model the replicas serve and the trainer adapts (default: `tiny`, the offline tiny
+    model, locally and on CPU flavors; Qwen/Qwen2.5-Math-1.5B, the blog's model, on GPUs)."""
+    replicas: int = 2
+    """Inference replicas behind the proxy."""
+    trainer: str = "grpo-lab"
+    """The trainer job: `grpo-lab` (`grpo-lab train-async`) or `trl` (`grpo-lab train-trl-async`,
+    TRL's AsyncGRPOTrainer: on a GPU it imports vLLM, which the vLLM image has, and fetches its
+    attention kernel from the Hub with `kernels`; docs/recipe.md). On HF Jobs `trl` needs a GPU
+    trainer flavor: the cpu-* image has no vLLM."""
+    lora_rank: int = 1
+    """LoRA rank of the trained adapter; the servers' --max-lora-rank is the smallest of vLLM's
+    allowed values (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds it."""
+    max_staleness: int = 4
+    """Versions a sample may lag the trainer; servers hold max_staleness + 2 adapters."""
+    max_cpu_loras: int | None = None
+    """vLLM replicas: adapters kept in CPU memory, at least max_staleness + 2 (default:
+    max_staleness + 4, the reference's 8 at the default staleness)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM replicas: fraction of the GPU each one takes (weights, activations, KV cache); the
+    reference's 0.85. Replicas sharing one local GPU must split it."""
+    max_prompt_length: int = 1096
+    """vLLM replicas: longest prompt in tokens; with max_completion_length it sets
+    --max-model-len (1096 + 3000 = 4096, the reference's)."""
+    max_completion_length: int = 3000
+    """vLLM replicas: longest completion in tokens (the blog's 3,000)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """KV block size of the replicas' prefix caches and of the proxy's router (vLLM's
+    --block-size, 16 by default). A prompt shorter than one block has nothing to be routed or
+    cached on: the demo's tiny prompts (7 tokens) use 4."""
+    bucket: str | None = None
+    """Local directory (default: $GRPO_LAB_HOME/bucket) or hf://buckets/<owner>/<bucket>
+    (required on HF Jobs)."""
+    mount_path: str | None = None
+    """Where every job sees the bucket (default /lora on HF Jobs; locally the directory itself,
+    since processes on one machine already share paths)."""
+    replica_flavor: str | None = None
+    """HF Jobs flavor of each replica (default h200: `vllm serve`; a cpu-* flavor runs
+    `grpo-lab serve`). Locally: `local`."""
+    trainer_flavor: str | None = None
+    """HF Jobs flavor of the trainer job, which also runs the proxy (default h200)."""
+    engine: str | None = None
+    """Replica server: `vllm` or `grpo-lab` (default: vllm on GPU flavors, grpo-lab otherwise)."""
+    port: int = 8000
+    """Port of each replica on HF Jobs, and of the proxy inside the trainer job. Locally every
+    job gets a free port."""
+    free_ports: bool = False
+    """HF Jobs plan: give each replica and the proxy a free port of this machine instead of
+    `port`, for jobs that share one host (tests/hf_jobs_emulator.py runs the plan here); on HF
+    Jobs every job has a network of its own, so all can use `port`."""
+    timeout: str = "4h"
+    """Longest run of each HF job. On GPU flavors `grpo-lab launch` sets it from the forecast
+    (wall clock x 1.5 + 30 min) unless given, and refuses a given one the forecast exceeds."""
+    install: str | None = None
+    """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
+    checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
+    installed from the mount (core dependencies only, retried: grpo_lab.launch.install). Or e.g.
+    `pip install git+https://github.com/<you>/grpo_lab`; `true` for an image that already has
+    it."""
+    run_name: str | None = None
+    """Names the HF jobs and the run's folder in the bucket (default: recipe-<date>-<time>);
+    letters, digits, `-` and `_`, as the Hub's labels take them."""
+    health_timeout_s: float = 300.0
+    """Local backend: how long to wait for each server's /health."""
+    report_to: str = "none"
+    """The trainer's `--report-to`: where it sends each metrics.jsonl record besides, `none`,
+    `trackio`, `tensorboard` or several, comma separated; the run is named `run_name` there, the
+    same across the job's resumes. The HF trainer job then installs grpo_lab[tracking]."""
+    trackio_space_id: str | None = None
+    """The trainer's `--trackio-space-id`: the Space trackio logs to (`user/name`, with the job's
+    HF_TOKEN). None = locally under TRACKIO_DIR; on HF Jobs, where the job's disk goes with it,
+    report_to trackio needs a Space."""
+
+    def __post_init__(self):
+        if self.run_name is not None:
+            check_run_name(self.run_name)

@@ -1,0 +1,343 @@
+"""Asynchronous GRPO in one process: a rollout worker thread and the trainer, joined by a buffer.
+
+    worker thread                                    trainer (the caller's thread)
+    Stages 1-3  sample G completions per prompt      get prompts_per_step groups from the buffer
+                from policy version v, score them,   Stage 4  clipped-surrogate update(s)
+                advantages; put each group in the    every weight_sync_steps steps: publish v+1
+                RolloutBuffer, tagged v
+
+Generation of step j+1 overlaps training of step j. The price is staleness, bounded twice: the
+worker starts a batch only once the policy is recent enough (admission), and the buffer drops
+staler samples. `asynchronous=False` runs the same pipeline in one thread. How and why:
+docs/internals.md, "The asynchronous trainer"; the metrics (TRL AsyncGRPOTrainer's names):
+docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import warnings
+
+import torch
+
+from ..algo.grpo_loss import group_advantages
+from ..data.completions import Completions
+from ..data.prompts import encode_prompts
+from ..rollout.buffer import RolloutBuffer
+from ..rollout.generators import Generator, LocalGenerator
+from ..rollout.groups import ScoredGroup, concat_groups, split
+from ..watch.async_metrics import async_reward_names, buffer_metrics, inline_metrics
+from .async_config import AsyncGRPOConfig
+from .rollout_batch import RolloutBatch, rollout_metrics
+from .sampler_pass import ProximalLogprobs, SamplerPass
+from .trainer import GRPOTrainer
+
+
+class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
+    """GRPO with generation in a background thread.
+
+    `train()` starts the worker after the initial evaluation and stops it at the end, even on
+    error. Calling `step()` directly starts it too; then call `stop_steps()` when done.
+
+    The run starts at `step_count` and `version` (0 and 0; a resumed job sets both, e.g. from a
+    checkpoint, before training): the first step publishes the weights as `version`, and later
+    versions count up from there, one every `weight_sync_steps` steps.
+    """
+
+    config: AsyncGRPOConfig
+
+    def __init__(self, config: AsyncGRPOConfig, model=None, tokenizer=None,
+                 generator: Generator | None = None):
+        super().__init__(config, model, tokenizer)
+        if generator is None and self.processes.is_fsdp and self.processes.is_main:
+            raise ValueError("the in-process generator samples from a full copy of the weights; "
+                             "under FSDP2 use `grpo-lab train-async` against servers")
+        self.generator = None  # several processes: only the main one talks to the generator
+        if self.processes.is_main:
+            self.generator = generator or LocalGenerator(self.model, self.tokenizer,
+                                                         max_versions=config.max_staleness + 2)
+        # A fast tokenizer must not be used by two threads at once ("Already borrowed"), and
+        # evaluation uses the trainer's: the worker gets its own copy.
+        self.worker_tokenizer = copy.deepcopy(self.tokenizer)
+        self.version = 0  # published by the first step (`publish_current`)
+        self._published = threading.Condition()  # the worker waits here for a newer version
+        self.buffer: RolloutBuffer[ScoredGroup] | None = None
+        self._worker: threading.Thread | None = None
+        self._stop = threading.Event()
+        # Set while the worker computes (stages 1-3), clear while it waits (admission, full buffer).
+        # `publish` sets it when it admits a waiting worker, before the worker even wakes up, so
+        # the trainer never borrows a core that the worker is about to take back.
+        self._worker_busy = threading.Event()
+        # the version a waiting worker needs (None: not waiting)
+        self._admission_needs: int | None = None
+        self._version_offset = 0  # version - step // weight_sync_steps when the steps started
+        self._worker_error: BaseException | None = None
+        self._counters = dict(gen_s=0.0, gen_tokens=0, version_wait_s=0.0, retried=0)
+        self._last = dict(self._counters, tok_s=0.0)
+        self._buffer_last: dict = {}  # the buffer's cumulative counters at the last step
+        self._started_at = time.perf_counter()
+
+    # ------------------------------------------------------------------ stages 1-3 (the worker)
+
+    def produce(self, version: int) -> list[ScoredGroup]:
+        """Sample, score and compute advantages for one step's prompts with policy `version`."""
+        cfg = self.config
+        problems = self.task.sample_batch(self.rng, cfg.prompts_per_step)
+        prompt_ids = encode_prompts(self.worker_tokenizer, [p.prompt for p in problems],
+                                    **self.prompt_format)
+        start = time.perf_counter()
+        out = self.generator.generate(  # Stage 1
+            prompt_ids, version=version, num_generations=cfg.num_generations,
+            max_new_tokens=self.max_new_tokens, temperature=cfg.temperature)
+        rewards, parts = self.score(problems, out)  # Stage 2
+        advantages = group_advantages(rewards, cfg.num_generations,  # Stage 3, group by group
+                                      scale_by_std=cfg.scale_rewards)
+        self._counters["gen_s"] += time.perf_counter() - start
+        self._counters["gen_tokens"] += out.num_tokens
+        G = cfg.num_generations
+        rows = [slice(k * G, (k + 1) * G) for k in range(len(problems))]
+        return [ScoredGroup(p, out[r], rewards[r], advantages[r],
+                            {name: v[r] for name, v in parts.items()})
+                for p, r in zip(problems, rows)]
+
+    def _rollout_loop(self, first_batch: int) -> None:
+        cfg = self.config
+        self._set_threads(cfg.generator_threads)  # this thread's intra-op pool only
+        batch_index = first_batch
+        try:
+            while not self._stop.is_set():
+                # Admission: batch j is trained at version j // weight_sync_steps (plus the
+                # offset of a run that did not start at version 0).
+                needed = (batch_index // cfg.weight_sync_steps + self._version_offset
+                          - cfg.max_staleness)
+                with self._published:
+                    start = time.perf_counter()
+                    while self.version < needed and not self._stop.is_set():
+                        self._admission_needs = needed
+                        self._worker_busy.clear()
+                        self._published.wait()
+                    self._admission_needs = None
+                    self._worker_busy.set()
+                    self._counters["version_wait_s"] += time.perf_counter() - start
+                    version = self.version
+                if self._stop.is_set():
+                    return
+                groups = self.produce(version)
+                self._worker_busy.clear()  # idle while put blocks on a full buffer
+                for group in groups:
+                    if not self.buffer.put(group, version):  # blocks while full; False = closed
+                        return
+                self._worker_busy.set()
+                batch_index += 1
+        except BaseException as exc:  # surfaced in the trainer's thread by `step`
+            self._worker_error = exc
+            self.buffer.close()
+        finally:
+            self._worker_busy.clear()
+
+    def publish_current(self) -> None:
+        """Publish the weights as `version` unless the generator already has it (the run's
+        first step; after a resume, the version it continues at)."""
+        fresh = (self.generator is not None and self.generator.latest_version < 0
+                 and self.step_count == 0 and not self.processes.distributed)
+        if fresh and hasattr(self.generator, "start_after_earlier_runs"):
+            # a bucket and servers an earlier (or failed) run used: number after its versions
+            self.version = max(self.version, self.generator.start_after_earlier_runs())
+        due = self.generator is not None and self.generator.latest_version < self.version
+        if self.processes.broadcast(due):
+            model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
+            if self.generator is not None:
+                self.generator.publish(model, self.version)
+            self._version_offset = self.version - self.step_count // self.config.weight_sync_steps
+
+    def start_steps(self) -> None:
+        """Start the rollout worker (called by `train()` after the initial evaluation)."""
+        cfg = self.config
+        self._set_threads(cfg.trainer_threads)
+        self.peak_flops()  # a CPU's is measured (once per machine) before the worker starts
+        self._started_at = time.perf_counter()
+        if self._worker is not None and self._worker.is_alive():
+            return
+        self.publish_current()
+        if not cfg.asynchronous or not self.processes.is_main:
+            return
+        self.buffer = RolloutBuffer(cfg.effective_buffer_size, cfg.max_staleness)
+        self._buffer_last = {}
+        self._stop.clear()
+        self._worker_error = None
+        self._worker_busy.set()
+        self._worker = threading.Thread(target=self._rollout_loop, args=(self.step_count,),
+                                        name="grpo-rollout-worker", daemon=True)
+        self._worker.start()
+
+    def stop_steps(self, timeout_s: float = 60.0) -> None:
+        """Stop the worker and wait for it; unblocks it wherever it waits. Idempotent."""
+        self._stop.set()
+        if self.buffer is not None:
+            self.buffer.close()
+        with self._published:
+            self._published.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout_s)
+            if self._worker.is_alive():
+                warnings.warn(f"rollout worker still running after {timeout_s}s", stacklevel=2)
+            self._worker = None
+
+    @property
+    def worker_alive(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    @property
+    def worker_busy(self) -> bool:
+        """True while the rollout worker computes (stages 1-3); False while it waits, for
+        admission or for room in a full buffer (the trainer may then borrow its core)."""
+        return self._worker_busy.is_set()
+
+    # ------------------------------------------------------------------ stage 4 (the trainer)
+
+    def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions, dict]:
+        out, rewards, advantages, parts = concat_groups(groups)
+        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
+        return batch.to(self.device), out, parts
+
+    def _set_threads(self, count: int) -> None:
+        """The calling thread's torch threads, on the CPU only: on a GPU the kernels run there
+        and torch's default is left alone."""
+        if torch.device(self.device).type == "cpu" and torch.get_num_threads() != count:
+            torch.set_num_threads(count)
+
+    def _pick_threads(self, _micro_batch=None) -> None:
+        cfg = self.config
+        wanted = cfg.trainer_threads
+        if cfg.asynchronous and cfg.trainer_idle_threads and not self._worker_busy.is_set():
+            wanted = cfg.trainer_idle_threads
+        self._set_threads(wanted)
+
+    def optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        """Stage 4 over token-budget micro-batches; same loss and gradient as one pass."""
+        cfg = self.config
+        micro_batches = self.micro_batches(batch, cfg.token_budget, packed=cfg.pack_sequences,
+                                           row_tokens=cfg.pack_row_tokens)
+        ref_logps = None
+        if cfg.beta > 0:
+            with self.reference() as ref:
+                ref_logps = self._no_grad_logprobs(ref, micro_batches, pick_threads=False)
+        # pi_old: the first update's forward, before any change (and the correction with it).
+        proximal = ProximalLogprobs(self, batch)
+        metrics: dict[str, float] = {}
+        optimizer_s = 0.0
+        for iteration in range(cfg.num_iterations):
+            loss, metrics = self.accumulate(micro_batches, ref_logps,
+                                            proximal if iteration == 0 else None)
+            start = time.perf_counter()
+            metrics.update(loss=loss, grad_norm=self.apply_gradients())
+            optimizer_s += time.perf_counter() - start
+        if "kl" in metrics:  # beta > 0: grpo_loss's reference KL; `kl` is the sampler's here
+            metrics["ref_kl"] = metrics.pop("kl")
+        correction = self.sampler_metrics(batch, proximal.logps)
+        if self.processes.distributed:  # the step's, over every process's share
+            correction = self.processes.combine_metrics(correction,
+                                                        float(batch.completion_mask.sum()))
+        metrics.update(correction)
+        metrics["perf/optimizer_s"] = optimizer_s
+        metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
+        metrics.update(self.step_work(batch, micro_batches))  # every process's
+        return metrics
+
+    def publish(self) -> float:
+        """Publish the trainer's weights as version v+1; returns the seconds it took."""
+        start = time.perf_counter()
+        model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
+        if self.generator is not None:  # the main process
+            self.generator.publish(model, self.version + 1)
+        with self._published:
+            self.version += 1
+            if self._admission_needs is not None and self.version >= self._admission_needs:
+                self._worker_busy.set()  # the worker is admitted: its core is no longer free
+            self._published.notify_all()
+        return time.perf_counter() - start
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step on a batch from the buffer (or generated inline in sync mode)."""
+        cfg = self.config
+        start = time.perf_counter()
+        groups, staleness, pipeline = None, [0], {}
+        if self.processes.is_main:
+            groups, staleness, pipeline = self.next_groups(start)
+        elif not cfg.asynchronous:
+            self.publish_current()  # the main process's next_groups does: a collective
+        got = time.perf_counter()
+        mine = self.processes.scatter(split(groups, self.processes.num_processes)
+                                      if self.processes.is_main else None)
+        batch, out, parts = self.collate(mine)
+        metrics = self.optimize(batch)
+        trained = time.perf_counter()
+        self.step_count += 1
+        rewards = batch.rewards
+        if self.processes.distributed and self.processes.is_main:  # the step's, every share
+            out, rewards, _, parts = concat_groups(groups)
+        if self.processes.is_main:
+            self.completion_log.log(self.step_count, [g.problem for g in groups], out,
+                                    rewards.cpu(), parts)
+        sync_s = 0.0
+        if not cfg.asynchronous or self.step_count % cfg.weight_sync_steps == 0:
+            sync_s = self.publish()
+        done = time.perf_counter()
+        metrics.update(step=self.step_count, version=self.version)
+        if not self.processes.is_main:
+            return metrics
+        metrics.update(async_reward_names(rollout_metrics(rewards, out, cfg.num_generations, parts),
+                                          rewards, cfg.num_generations))
+        metrics.update(pipeline)
+        metrics.update({
+            "sample/staleness_mean": sum(staleness) / len(staleness),
+            "sample/staleness_max": max(staleness),
+            "perf/fwd_bwd_s": trained - got - metrics["perf/optimizer_s"],
+            "perf/weight_sync_s": sync_s,
+            "perf/step_s": done - start,
+            "rollout/generated_tok_s_busy": self._generation_speed(),
+            "rollout/version_wait_s": self._delta("version_wait_s"),
+            "time_s": done - self._started_at,
+            "batch/groups_per_step": len(groups),
+        })
+        metrics.update(self.throughput(metrics, metrics["perf/fwd_bwd_s"], done - start))
+        if hasattr(self.generator, "retried"):  # HTTP generators: vLLM calls sent again
+            self._counters["retried"] = self.generator.retried
+            metrics["rollout/vllm_retry_total"] = self._delta("retried")
+        if hasattr(self.generator, "pop_inflight_peak"):
+            metrics["rollout/inflight_max"] = self.generator.pop_inflight_peak()
+        return metrics
+
+    def next_groups(self, start: float) -> tuple[list[ScoredGroup], list[int], dict]:
+        """The step's groups (from the buffer, or generated now in sync mode), their staleness
+        and the pipeline's metrics. The main process's job when there are several."""
+        cfg = self.config
+        if cfg.asynchronous:
+            if self._worker is None:
+                self.start_steps()  # step() called directly, outside train()
+            queue_size = len(self.buffer)
+            entries = self.buffer.get(cfg.prompts_per_step, trainer_version=self.version)
+            if len(entries) < cfg.prompts_per_step:
+                raise RuntimeError("the rollout worker stopped") from self._worker_error
+            pipeline = buffer_metrics(self.buffer.stats(), self._buffer_last, queue_size,
+                                      cfg.num_generations)
+            return [e.item for e in entries], [e.staleness for e in entries], pipeline
+        self.publish_current()  # step() called directly, outside train()
+        self._set_threads(cfg.generator_threads)
+        groups = self.produce(self.version)
+        self._set_threads(cfg.trainer_threads)
+        return groups, [0], inline_metrics(time.perf_counter() - start)
+
+    def _delta(self, name: str) -> float:
+        now = self._counters[name]  # read once: the worker thread keeps adding to it
+        value, self._last[name] = now - self._last[name], now
+        return value
+
+    def _generation_speed(self) -> float:
+        """Tokens per generation-second since the last step (the last value if none since)."""
+        seconds, tokens = self._delta("gen_s"), self._delta("gen_tokens")
+        if seconds > 0:
+            self._last["tok_s"] = tokens / seconds
+        return self._last["tok_s"]
