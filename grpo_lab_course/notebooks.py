@@ -39,6 +39,23 @@ def find_notebook(name: str, notebook_dir: Path = NOTEBOOK_DIR) -> Path:
     raise FileNotFoundError(f"no notebook {name!r} in {notebook_dir} (known: {known})")
 
 
+PROSE_WORDS_PER_MINUTE = 120
+"""A learner reading a lesson, not skimming: prose at about 120 words a minute."""
+CODE_LINES_PER_MINUTE = 20
+"""Code read line by line before running it."""
+
+
+def reading_minutes(path: Path) -> int:
+    """Minutes to read a notebook as a learner does: its markdown words at
+    `PROSE_WORDS_PER_MINUTE` and its code lines at `CODE_LINES_PER_MINUTE` (collapsed blocks and
+    quiz answers included; running time apart)."""
+    cells = json.loads(Path(path).read_text())["cells"]
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    lines = sum(len([line for line in "".join(c["source"]).splitlines() if line.strip()])
+                for c in cells if c["cell_type"] == "code")
+    return round(words / PROSE_WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE)
+
+
 def run_notebook(
     notebook: str | Path,
     output_dir: str | Path | None = None,

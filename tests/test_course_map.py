@@ -64,3 +64,30 @@ def test_every_notebook_a_lesson_leans_on_is_on_its_path():
             missing.append(f"{me} leans on {sorted(lacking)}, not on its path "
                            f"{sorted(_closure(builds_on, me))}")
     assert not missing, "README's 'builds on' column:\n" + "\n".join(missing)
+
+
+def _read_minutes(path: Path, columns: int, column: int) -> dict[str, int]:
+    """{notebook: minutes} from a Markdown table whose first column is the notebook's file name
+    and whose `column` starts with its reading minutes."""
+    found = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names = [m.group(1) for c in cells if (m := re.fullmatch(r"`(\d\d[a-z]?)_\w+`", c))]
+        if len(cells) == columns and names:
+            found[names[0]] = int(re.match(r"\d+", cells[column]).group())
+    return found
+
+
+def test_the_maps_reading_minutes_are_the_notebooks():
+    """The README's and docs/course.md's reading minutes are what the notebooks hold now, read at
+    `PROSE_WORDS_PER_MINUTE` and `CODE_LINES_PER_MINUTE` (within a minute): a lesson that
+    grows or shrinks changes its map."""
+    from grpo_lab_course.notebooks import reading_minutes
+
+    actual = {notebook_number(p): reading_minutes(p) for p in list_notebooks()}
+    for path, columns, column in ((ROOT / "README.md", 4, 3),
+                                  (ROOT / "docs" / "course.md", 5, 2)):
+        stated = _read_minutes(path, columns, column)
+        assert set(stated) == set(actual), (path.name, sorted(stated))
+        off = {n: (stated[n], actual[n]) for n in actual if abs(stated[n] - actual[n]) > 1}
+        assert not off, f"{path.name}: (stated, actual) reading minutes {off}"
