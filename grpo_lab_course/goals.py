@@ -22,6 +22,31 @@ NOTEBOOK_GOALS = {
             lambda r: abs(r["no_signal_per_problem"] - r["no_signal_observed"])
             < abs(r["no_signal_at_greedy_p"] - r["no_signal_observed"]),
     },
+    "00b_policy_gradients_on_a_bandit": {
+        "REINFORCE with the group baseline: P(right) from 0.2 to >= 0.9":
+            lambda r: abs(r["p_right_before"] - 0.2) < 1e-9 and r["p_right_after"] >= 0.9,
+        "one group's push: mean within 4 standard errors of (G-1)/G x the exact gradient":
+            lambda r: abs(r["push_mean"] - (r["group_size"] - 1) / r["group_size"]
+                          * r["exact_push"]) < 4 * r["push_spread"] / r["batches"] ** 0.5,
+        "E_mu[(pi / mu) f] = E_pi[f] at every drift (< 1e-12)":
+            lambda r: all(abs(i["identity"] - i["exact"]) < 1e-12 for i in r["importance"]),
+        "the weighted estimate is unbiased at every drift (within 4 standard errors)":
+            lambda r: all(abs(i["mean"] - i["exact"]) < 4 * i["spread"] / r["batches"] ** 0.5
+                          for i in r["importance"]),
+        "its spread grows as pi drifts from mu":
+            lambda r: all(a["spread"] < b["spread"]
+                          for a, b in zip(r["importance"], r["importance"][1:])),
+        "the ratio's gradient from mu's answers = the on-policy gradient (< 1e-12)":
+            lambda r: r["ratio_gap"] < 1e-12,
+        "00b.1: 4x the group, about half the spread (0.4-0.6)":
+            lambda r: r["bigger_group"]["group"] == 4 * r["group_size"]
+            and 0.4 < r["bigger_group"]["spread"] / r["push_spread"] < 0.6,
+        "00b.2: without the baseline, the same mean push (4 standard errors) and > 2x the spread":
+            lambda r: not r["no_baseline"]["baseline"]
+            and abs(r["no_baseline"]["mean"] - r["exact_push"])
+            < 4 * r["no_baseline"]["spread"] / r["batches"] ** 0.5
+            and r["no_baseline"]["spread"] > 2 * r["push_spread"],
+    },
     "01_grpo_from_scratch": {
         "the run doctor finds nothing in this healthy run": lambda r: r["findings"] == [],
         "accuracy gain >= 10 points": lambda r: r["accuracy_after"] >= r["accuracy_before"] + 0.10,
