@@ -166,3 +166,30 @@ def test_a_trainer_flavor_with_several_gpus_runs_under_accelerate_launch_with_fs
                        trainer_flavor="a100-large")
     assert plan["trainer"].command[2].splitlines()[-1].startswith(f"exec grpo-lab {command} ")
     assert [flavor_gpus(f) for f in ("h200x2", "a100-large", "h200", "cpu-upgrade")] == [2, 1, 1, 0]
+
+
+def test_launch_takes_the_recipes_knobs_and_the_forecast_simulates_them(capsys):
+    """`--steps`, `--max-inflight` and `--token-budget` replace the blog's values in the trainer's
+    command (once each, not appended twice), and the forecast printed beside the plan simulates
+    them; trainer arguments after `--` on HF Jobs keep `--local-dir` (the mount takes whole-file
+    writes only); a knob below 1 is named."""
+    plan = recipe_plan(preset_config("blog", bucket=BUCKET, run_name="blog", steps=200,
+                                     max_inflight=256, token_budget=8192))
+    argv = shlex.split(plan["trainer"].command[2].splitlines()[-1])
+    for flag, value in (("--steps", "200"), ("--max-inflight", "256"),
+                        ("--token-budget", "8192")):
+        assert argv.count(flag) == 1 and argv[argv.index(flag) + 1] == value, flag
+    assert argv[argv.index("--dataset") + 1] == BLOG_TRAINING["dataset"]
+    assert main(["launch", "--preset", "blog", "--dry-run", "--steps", "200",
+                 "--max-inflight", "256", "--token-budget", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "# qwen2.5-math-1.5b (1.54 B parameters), 200 steps" in out
+    assert "max_inflight 256, token_budget 8,192" in out
+    own = recipe_plan(preset_config("blog", bucket=BUCKET, run_name="blog"),
+                      trainer_args=["train-async", "--model", "{model}", "--steps", "5"])
+    assert "--local-dir /tmp/grpo-lab-run" in own["trainer"].command[2]
+    local = recipe_plan(backend="local", run_name="knobs", steps=3)
+    assert " --steps 3" in " ".join(local["trainer"].command)
+    for bad in ({"steps": 0}, {"max_inflight": -1}, {"token_budget": 1.5}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a whole number >= 1"):
+            preset_config("blog", **bad)

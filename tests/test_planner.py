@@ -183,3 +183,45 @@ def test_the_recipe_settings_reach_the_simulated_plan(capsys):
     assert bigger["step_s"] > base["step_s"] * 1.3  # 256 samples a step against 128
     with pytest.raises(SystemExit):
         main(["plan", "--prompts-per-step", "0"])
+
+
+def test_the_budget_and_deadline_compare_the_figures_printed(capsys):
+    """The planner ranks plans on short estimates, then simulates the best over every step: the
+    plan it picks meets the budget on the cost it prints, and a refusal quotes a cost that is
+    itself enough. The reviewer's case: 7B over 500 steps, `--budget-usd 88`, was refused as
+    "cheapest costs $90.30" beside a plan printed at $84.22."""
+    assert main(["plan", "--params", "7e9", "--steps", "500", "--budget-usd", "88",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["recommendation"]
+    assert plan["cost_usd"] <= 88
+    with pytest.raises(ValueError, match=r"costs \$[\d,.]+; raise --budget-usd to") as refused:
+        plan_run(7e9, steps=500, budget_usd=10)
+    quoted = float(str(refused.value).split("costs $")[1].split(";")[0].replace(",", ""))
+    cheapest = plan_run(7e9, steps=500, budget_usd=quoted + 0.01)
+    assert cheapest.cost_usd <= quoted + 0.01
+    assert plan_run(7e9, steps=500, deadline_h=2).wall_clock_s <= 2 * 3600
+
+
+def test_every_forecast_carries_the_simulators_measured_band(capsys):
+    """FORECAST_BAND is the simulator's largest error on the step times and wall clocks of the
+    blog's runs it was not calibrated on, read from its benchmark's results; every forecast
+    prints its wall clock and cost with that band, and --json carries it."""
+    from pathlib import Path
+
+    from grpo_lab.plan.run_forecast import FORECAST_BAND
+
+    results = json.loads((Path(__file__).parents[1] / "benchmarks" / "results"
+                          / "simulator_vs_blog.json").read_text())
+    errors = [abs(f["rel_error"]) for run in results["runs"].values()
+              if run["role"] == "prediction" for f in run["figures"]
+              if f["figure"] in ("step_s_p50", "wall_clock_s")]
+    assert errors and FORECAST_BAND == pytest.approx(max(errors), abs=0.005)
+    forecast = forecast_plan(preset_config("blog"))
+    text = forecast.describe()
+    low, high = 1 - FORECAST_BAND, 1 + FORECAST_BAND
+    assert f"likely ${low * forecast.cost_usd:,.2f} to ${high * forecast.cost_usd:,.2f}" in text
+    assert "+/-16%" in text
+    assert main(["plan", "--preset", "blog", "--json"]) == 0
+    band = json.loads(capsys.readouterr().out)["recommendation"]["band"]
+    lo, hi = band["cost_usd"]
+    assert lo < hi and band["share"] == FORECAST_BAND

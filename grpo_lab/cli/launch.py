@@ -102,7 +102,8 @@ def _forecast_lines(config: RecipeConfig, extra: dict, mount_lag_s: float | None
     try:
         text = forecast_plan(config, mount_lag_s=mount_lag_s).describe()
         if extra:
-            text += "\n(trainer arguments given after `--`: simulated with the blog's settings)"
+            text += ("\n(trainer arguments given after `--`: simulated with the blog's settings "
+                     "and launch's own --steps, --max-inflight and --token-budget)")
     except (ValueError, KeyError) as exc:  # a model or flavor the planner does not know
         text = f"no forecast: {exc}"
     return "\n".join(f"# {line}" if line else "#" for line in

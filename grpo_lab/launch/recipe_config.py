@@ -79,6 +79,15 @@ class RecipeConfig:
     """HF Jobs plan: give each replica and the proxy a free port of this machine instead of
     `port`, for jobs that share one host (tests/hf_jobs_emulator.py runs the plan here); on HF
     Jobs every job has a network of its own, so all can use `port`."""
+    steps: int | None = None
+    """The trainer's optimizer steps (train-async's and train-trl-async's `--steps`; default: the
+    blog's 500 on GPU flavors, the trainer's own default otherwise). The forecast simulates it."""
+    max_inflight: int | None = None
+    """The trainer's cap on requests in flight to the replicas (`--max-inflight`; default: the
+    blog's 128 on GPU flavors). The forecast simulates it."""
+    token_budget: int | None = None
+    """The trainer's tokens per micro-batch (`--token-budget`; default: the blog's 16,384 on GPU
+    flavors). The forecast simulates it and checks it against the trainer's GPU memory."""
     timeout: str = "4h"
     """Longest run of each HF job. On GPU flavors `grpo-lab launch` sets it from the forecast
     (wall clock x 1.5 + 30 min) unless given, and refuses a given one the forecast exceeds."""
@@ -105,3 +114,19 @@ class RecipeConfig:
     def __post_init__(self):
         if self.run_name is not None:
             check_run_name(self.run_name)
+        for name in TRAINER_KNOBS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1 (or None for the "
+                                 f"default), got {value!r}")
+
+    def trainer_knobs(self) -> dict:
+        """The trainer's settings given here (TRAINER_KNOBS not None), as train-async fields."""
+        return {name: getattr(self, name) for name in TRAINER_KNOBS
+                if getattr(self, name) is not None}
+
+
+TRAINER_KNOBS = ("steps", "max_inflight", "token_budget")
+"""RecipeConfig fields that go to the trainer's command line (after its defaults, so they win)
+and into the planner's forecast: the recipe's knobs a launch most often changes."""

@@ -47,6 +47,7 @@ from .specs import (
     url_of,
 )
 from .trainer_args import (
+    LOCAL_RUN_DIR,
     default_trainer_args,
     fsdp_launcher,
     trainer_launcher,
@@ -130,6 +131,12 @@ def _trainer_args(template: list[str], cfg: RecipeConfig, model: str, proxy_url:
     args = [arg.format(**values) for arg in template]
     if _api_key_secrets() and args[:1] == ["train-async"]:  # the key by env var name, never argv
         args += ["--api-key-env", API_KEY_ENV]
+    if args[:1] in (["train-async"], ["train-trl-async"]):  # --steps, ...: in place, or added
+        for flag, value in zip(*[iter(flag_args(cfg.trainer_knobs()))] * 2):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
     report_to = report_targets(cfg.report_to)
     if report_to and args[:1] in (["train-async"], ["train-trl-async"]):
         args += flag_args({"report_to": ",".join(report_to),
@@ -257,6 +264,8 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
             "--timeout-s", "1800", "--pid"]
     trainer = _trainer_args(trainer_template, cfg, model, proxy_url, f"{mount}/{run_name}",
                             device="cuda" if is_gpu_flavor(trainer_flavor) else "cpu")
+    if trainer[:1] == ["train-async"] and "--local-dir" not in trainer:  # arguments after `--`
+        trainer += ["--local-dir", LOCAL_RUN_DIR]  # the mount takes whole-file writes only
     script = "\n".join([
         "set -e",
         install or wheel_install(f"{mount}/{wheel}", image_has_torch=trainer_image == VLLM_IMAGE,
