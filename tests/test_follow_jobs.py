@@ -12,9 +12,9 @@ from huggingface_hub import HfApi, JobInfo
 from huggingface_hub._jobs_api import TERMINAL_JOB_STAGES
 
 from grpo_lab.cli.main import main
-from grpo_lab.launch import follow
+from grpo_lab.launch import follow, hf_jobs
 from grpo_lab.launch.follow import ENDED_STAGES, cancel_run, follow_run, run_record_path
-from grpo_lab.launch.hf_jobs import RUN_LABEL, HfJobsLauncher
+from grpo_lab.launch.hf_jobs import RUN_LABEL, HfJobsLauncher, exposed_url
 from grpo_lab.launch.recipe_config import RecipeConfig
 from grpo_lab.launch.recipe_plan import recipe_plan
 
@@ -100,8 +100,11 @@ def submitted(hub: FakeHub, run: str = "r1") -> dict:
     return HfJobsLauncher(plan, run_job=hub.run_job, environ={"HF_TOKEN": TOKEN}).submit()
 
 
-def launch(hub: FakeHub, monkeypatch, *args: str) -> int:
+def launch(hub: FakeHub, monkeypatch, *args: str, health=None) -> int:
+    """`grpo-lab launch ARGS` against the stand-in; the replicas' /health answers at once (or
+    as `health(url, **kwargs)` says: the stand-in's jobs serve nothing)."""
     monkeypatch.setattr(follow, "jobs_api", lambda: hub)
+    monkeypatch.setattr(hf_jobs, "wait_healthy", health or (lambda url, timeout_s, **kw: None))
     return main(["launch", *args])
 
 
@@ -226,3 +229,35 @@ def test_a_run_name_the_hub_would_refuse_is_named_before_anything_is_submitted(t
     except SystemExit as stopped:
         code = stopped.code
     assert code != 0 and "use e.g. 'a-b'" in capsys.readouterr().err
+
+
+def test_the_trainer_is_submitted_only_once_every_replica_answers(home, monkeypatch, capsys):
+    """The trainer job (the dearest) is not billed while the replicas start: the launcher waits
+    for each replica's /health at its exposed URL, with the HF token, before submitting it."""
+    hub, asked = FakeHub({"trainer": ["SCHEDULING", "RUNNING", "COMPLETED"]}), []
+
+    def health(url, timeout_s, **kwargs):
+        assert "r1-trainer" not in [c["name"] for c in hub.calls], "trainer submitted first"
+        asked.append((url, kwargs["headers"]))
+
+    assert launch(hub, monkeypatch, "--backend", "hf-jobs", "--bucket", BUCKET, "--run-name",
+                  "r1", "--install", "true", health=health) == 0
+    replicas = hub.ids_of("r1", "replica-0", "replica-1")
+    assert [url for url, _ in asked] == [f"{exposed_url(i, 8000)}/health" for i in replicas]
+    assert all(headers == {"Authorization": f"Bearer {TOKEN}"} for _, headers in asked)
+    assert [c["name"] for c in hub.calls] == ["r1-replica-0", "r1-replica-1", "r1-trainer"]
+    assert "replica-1 answers" in capsys.readouterr().out
+
+
+def test_a_replica_that_fails_while_starting_stops_the_launch_before_the_trainer(
+        home, monkeypatch, capsys):
+    """A replica that ends while the launcher waits for it: no trainer job is submitted, the
+    replicas are cancelled, and the error names the replica and where its logs are."""
+    hub = FakeHub({"replica-0": ["SCHEDULING", "ERROR"]})
+    monkeypatch.setattr(follow, "jobs_api", lambda: hub)
+    assert main(["launch", "--backend", "hf-jobs", "--bucket", BUCKET, "--run-name", "r1",
+                 "--install", "true"]) == 1
+    assert [c["name"] for c in hub.calls] == ["r1-replica-0", "r1-replica-1"]
+    assert sorted(hub.cancelled) == sorted(hub.ids_of("r1", "replica-0", "replica-1"))
+    err = capsys.readouterr().err
+    assert "replica-0 ended before it served" in err and "hf jobs logs" in err

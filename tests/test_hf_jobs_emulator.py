@@ -107,11 +107,22 @@ def test_the_hf_jobs_plan_trains_and_publishes_through_the_mount(tmp_path, tiny_
     install = wheel_install(f"{mount}/emu/wheels/{package_wheel_name()}", image_has_torch=False)
     emulator.substitutions = {install: "true"}  # the only change: the venv has grpo_lab
     emulator.substituted = {install: 0}
+    answered_first = []  # at the trainer's submission: did every replica answer /health?
+
+    def run_job(**kwargs):
+        if kwargs["name"].endswith("-trainer"):
+            for url in launcher.urls.values():
+                with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+                    answered_first.append(r.status == 200)
+        return emulator.run_job(**kwargs)
+
     with emulator:
-        launcher = HfJobsLauncher(plan, run_job=emulator.run_job, cancel_job=emulator.cancel_job,
+        launcher = HfJobsLauncher(plan, run_job=run_job, cancel_job=emulator.cancel_job,
                                   upload=emulator.upload, exposed_url=emulator.exposed_url,
-                                  environ={"HF_TOKEN": TOKEN})
+                                  environ={"HF_TOKEN": TOKEN}, inspect_job=emulator.inspect_job,
+                                  poll_s=0.5)
         jobs = launcher.submit()
+        assert answered_first == [True, True]  # the trainer waited for the replicas
         assert emulator.substituted == {install: 3}  # every job installs, as written
         assert (mount / "emu" / "wheels" / package_wheel_name()).is_file()  # uploaded first
         trainer = jobs["trainer"].id

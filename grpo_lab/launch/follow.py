@@ -252,7 +252,7 @@ def launch_hf_jobs(plan: RunPlan, *, namespace: str | None = None, detach: bool 
     with the command that cancels it."""
     api = api or jobs_api()
     launcher = HfJobsLauncher(plan, namespace=namespace, run_job=api.run_job,
-                              cancel_job=api.cancel_job)
+                              cancel_job=api.cancel_job, inspect_job=api.inspect_job)
     jobs = launcher.submit()
     namespace = namespace or next(iter(jobs.values())).owner.name
     for name, info in jobs.items():

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..util.processes import wait_healthy
 from .local import LaunchError, fill_urls
 from .specs import (
     CHECKOUT,
@@ -35,6 +36,11 @@ from .specs import (
     RunPlan,
     package_wheel_name,
 )
+
+REPLICAS_READY_TIMEOUT_S = 1800.0
+"""How long the launcher waits for a replica's /health before it submits the trainer (the
+trainer's own wait for the proxy has the same bound): a vLLM replica downloads its model and
+compiles first."""
 
 RUN_LABEL = "grpo-lab-run"
 """Every job of a plan gets the label `grpo-lab-run=<run name>`: `list_jobs(labels=...)` finds a
@@ -136,14 +142,22 @@ class HfJobsLauncher:
     A job's `{url:<job>}` placeholders become the exposed URL of that job.
     Secret values are read from `environ` (default: os.environ, plus your saved HF token for
     HF_TOKEN) at submission; all must be present before the first job is submitted.
+    With `inspect_job` (huggingface_hub's), a job that reaches others by URL (the trainer) is
+    submitted only once each of them answers `/health` at its exposed URL (with the HF token,
+    as exposed ports require): it does not bill while the replicas start, nor wait its own
+    timeout for replicas that failed (a job that ends first, or REPLICAS_READY_TIMEOUT_S
+    without an answer, cancels what was submitted).
     """
 
     def __init__(self, plan: RunPlan, *, run_job: Callable[..., Any] | None = None,
                  cancel_job: Callable[..., Any] | None = None, namespace: str | None = None,
                  environ: dict[str, str] | None = None,
                  upload: Callable[..., Any] = upload_to_buckets,
-                 exposed_url: Callable[[str, int], str] | None = None):
+                 exposed_url: Callable[[str, int], str] | None = None,
+                 inspect_job: Callable[..., Any] | None = None,
+                 ready_timeout_s: float = REPLICAS_READY_TIMEOUT_S, poll_s: float = 10.0):
         self.plan, self.namespace = plan, namespace
+        self._inspect_job, self.ready_timeout_s, self.poll_s = inspect_job, ready_timeout_s, poll_s
         self._upload = upload
         self._exposed_url = exposed_url
         self._run_job, self._cancel_job = run_job, cancel_job
@@ -201,6 +215,9 @@ class HfJobsLauncher:
                                   "no job was submitted") from exc
         try:
             for job in self.plan.jobs:
+                if self._inspect_job is not None:
+                    for name in sorted(job.placeholders()):
+                        self._wait_ready(name, secrets.get("HF_TOKEN"))
                 info = self._run_job(**self.run_job_kwargs(job, secrets))
                 self.jobs[job.name] = info
                 if job.ports:
@@ -212,6 +229,35 @@ class HfJobsLauncher:
                 raise LaunchError(f"submitting {self.plan.name}: {exc}") from exc
             raise
         return self.jobs
+
+    def _wait_ready(self, name: str, token: str | None) -> None:
+        """Return once job `name` answers /health at its exposed URL; LaunchError if it ends
+        first or stays silent for `ready_timeout_s`."""
+        url, job_id = f"{self.urls[name]}/health", self.jobs[name].id
+        kwargs = {"job_id": job_id, **({"namespace": self.namespace} if self.namespace else {})}
+
+        def alive() -> bool:
+            stage = self._inspect_job(**kwargs).status.stage
+            return getattr(stage, "value", stage) not in ("COMPLETED", "CANCELED", "ERROR",
+                                                          "DELETED")
+        said = [0]
+
+        def report(waited: float, last: str) -> None:
+            if waited >= 60 * (said[0] + 1):  # once a minute
+                said[0] = int(waited // 60)
+                print(f"waiting for {name} to answer {url} ({said[0]} min, {last}); the jobs "
+                      "after it are not submitted yet", flush=True)
+        try:
+            wait_healthy(url, self.ready_timeout_s, alive=alive, poll_s=self.poll_s,
+                         headers={"Authorization": f"Bearer {token}"} if token else None,
+                         on_poll=report)
+        except ChildProcessError as exc:
+            raise LaunchError(f"{name} ended before it served: {exc}; see its logs "
+                              f"(`hf jobs logs {job_id}`)") from None
+        except TimeoutError as exc:
+            raise LaunchError(f"{name} did not answer within {self.ready_timeout_s:g} s: "
+                              f"{exc}") from None
+        print(f"{name} answers {url}", flush=True)
 
     @staticmethod
     def _url(info: Any, port: int) -> str:

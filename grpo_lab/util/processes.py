@@ -53,16 +53,21 @@ def spawn(args: list[str], env: dict, log_path: str | os.PathLike, *, append: bo
 
 
 def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] | None = None,
-                 poll_s: float = 0.2) -> None:
-    """Poll `url` until it answers 200. Raises TimeoutError at the deadline, or ChildProcessError
-    as soon as `alive()` says the process behind it has exited."""
-    deadline = time.monotonic() + timeout_s
+                 poll_s: float = 0.2, headers: dict[str, str] | None = None,
+                 on_poll: Callable[[float, str], None] | None = None) -> None:
+    """Poll `url` (with `headers`) until it answers 200. Raises TimeoutError at the deadline, or
+    ChildProcessError as soon as `alive()` says the process behind it has exited. `on_poll`
+    gets the seconds waited and the last answer after each try that was not 200."""
+    start = time.monotonic()
+    deadline = start + timeout_s
     last = "no answer yet"
     while True:
         if alive is not None and not alive():
             raise ChildProcessError(f"exited before {url} answered ({last})")
         try:
-            with urllib.request.urlopen(url, timeout=min(5.0, max(0.5, timeout_s))) as response:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request,
+                                        timeout=min(5.0, max(0.5, timeout_s))) as response:
                 if response.status == 200:
                     return
                 last = f"HTTP {response.status}"
@@ -70,6 +75,8 @@ def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] | None
             last = f"HTTP {exc.code}"
         except (OSError, ValueError) as exc:
             last = type(exc).__name__
+        if on_poll is not None:
+            on_poll(time.monotonic() - start, last)
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{url} not healthy after {timeout_s:g} s ({last})")
