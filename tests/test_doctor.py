@@ -360,3 +360,32 @@ def test_a_healthy_thirty_step_real_model_run_raises_no_finding():
                     start=1)]
     assert len(records) == 30
     assert Doctor(learning_rate=5e-4, temperature=1.0).read(records) == []
+
+
+def test_the_doctor_callback_names_untemplated_prompts_to_a_chat_model(tmp_path, chat_model_dir):
+    """Inside TRL's trainer: string prompts to a model with a chat template go untemplated (TRL
+    templates conversational prompts only), named before the first step; conversational
+    prompts raise nothing."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig as TrlConfig
+    from trl import GRPOTrainer as TrlTrainer
+
+    from grpo_lab.trl.doctor_callback import DoctorCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir, padding_side="left")
+    args = TrlConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                     max_completion_length=2, max_steps=1, report_to=[], use_cpu=True,
+                     disable_tqdm=True, save_strategy="no", seed=0)
+    questions = [f"What is {a} + 7?" for a in range(8)]
+    found = {}
+    for form, prompts in (("plain", questions),
+                          ("chat", [[{"role": "user", "content": q}] for q in questions])):
+        callback = DoctorCallback(write=lambda text: None)
+        TrlTrainer(model=AutoModelForCausalLM.from_pretrained(chat_model_dir),
+                   reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                   train_dataset=Dataset.from_dict({"prompt": prompts}),
+                   processing_class=tokenizer, callbacks=[callback]).train()
+        found[form] = [f.code for f in callback.findings]
+    assert "chat_template_skipped" in found["plain"], found
+    assert "chat_template_skipped" not in found["chat"], found

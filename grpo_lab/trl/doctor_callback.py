@@ -7,13 +7,17 @@ the same doctor reads their logs:
     trainer = trl.GRPOTrainer(..., callbacks=[DoctorCallback()])
     trainer.train()
     trainer.callback_handler.callbacks[-1].findings   # or keep a reference to the callback
+
+Before the first step it also reads the first training prompt as TRL sends it: a plain string to
+a model with a chat template goes untemplated (TRL applies the template to conversational
+prompts only), which grpo_lab's own trainer names too (`chat_template_skipped`).
 """
 
 from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from ..watch.doctor import Doctor
+from ..watch.doctor import Doctor, chat_template_finding
 
 
 class DoctorCallback(TrainerCallback):
@@ -24,6 +28,21 @@ class DoctorCallback(TrainerCallback):
         self.doctor = doctor or Doctor()
         self.write = write
         self.findings = []
+
+    def on_train_begin(self, args, state, control, processing_class=None, train_dataloader=None,
+                       **kwargs):
+        if not state.is_world_process_zero:
+            return
+        dataset = getattr(train_dataloader, "dataset", None)
+        try:
+            prompt = dataset[0]["prompt"]
+        except (TypeError, KeyError, IndexError):  # no dataset, or not TRL's `prompt` column
+            return
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's
+        finding = chat_template_finding(tokenizer, prompt) if tokenizer is not None else None
+        if finding is not None:
+            self.findings.append(finding)
+            self.write(finding.text())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not state.is_world_process_zero:
