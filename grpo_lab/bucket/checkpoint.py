@@ -62,7 +62,7 @@ class Checkpoints:
             torch.save(torch.get_rng_state(), staging / "rng.pt")
             if torch.cuda.is_available():  # one state per GPU this process sees
                 torch.save(torch.cuda.get_rng_state_all(), staging / CUDA_RNG_FILE)
-            full = {"step": step, "version": trainer.version,
+            full = {"step": step, "version": getattr(trainer, "version", 0),  # async only
                     "sampler_rng": _encode_random_state(trainer.rng.getstate()), **state}
             (staging / "state.json").write_text(json.dumps(full, indent=2))
         for old in self.steps()[: -self.keep]:

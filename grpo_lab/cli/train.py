@@ -11,6 +11,10 @@ from .flags import add_config_flags, config_from_args
 def add_parser(sub) -> None:
     train = sub.add_parser("train", help="a GRPO run; every GRPOConfig field is a flag")
     add_config_flags(train)
+    train.add_argument("--resume-from-checkpoint", default=None, metavar="PATH|latest",
+                       help="continue from a checkpoint folder, or `latest`: the newest under "
+                            "<output-dir>/checkpoints (written every --save-steps), up to --steps "
+                            "in all")
     train.set_defaults(func=run)
 
 
@@ -18,7 +22,8 @@ def run(args) -> int:
     from ..train.trainer import GRPOTrainer  # torch and transformers: only when training
 
     trainer = GRPOTrainer(config_from_args(args))  # any number of processes
-    trainer.train()
+    resume = args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
     if trainer.processes.is_main:
         print("greedy accuracy by step:", trainer.accuracy_history)
     return 0

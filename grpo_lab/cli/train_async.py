@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
     parser = sub.add_parser("train-async", help="the trainer job: asynchronous LoRA GRPO against "
                             "inference servers (a proxy or one server), adapters through a bucket")
     add_config_flags(parser, TrainAsyncJobConfig)
-    add_config_flags(parser, AsyncGRPOConfig)
+    # the job checkpoints with --checkpoint-every / --keep-checkpoints and resumes with --resume
+    add_config_flags(parser, AsyncGRPOConfig, exclude=("save_steps", "save_total_limit"))
     parser.set_defaults(func=run)
 
 

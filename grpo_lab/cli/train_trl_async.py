@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
                             "AsyncGRPOTrainer: same data, rewards and flags as train-async, "
                             "LoRA adapters through the bucket, against a proxy or one server")
     add_config_flags(parser, TrlAsyncJobConfig)
-    add_config_flags(parser, AsyncGRPOConfig)
+    # the job checkpoints with --checkpoint-every / --keep-checkpoints and resumes with --resume
+    add_config_flags(parser, AsyncGRPOConfig, exclude=("save_steps", "save_total_limit"))
     parser.set_defaults(func=run)
 
 

@@ -152,6 +152,15 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
                 self.generator.publish(model, self.version)
             self._version_offset = self.version - self.step_count // self.config.weight_sync_steps
 
+    def resume(self, checkpoint):
+        """GRPOTrainer.resume, then the next unused version: those published after the
+        checkpoint stay in the bucket (a version name is never reused), and the servers drop
+        this run's adapters (`start_after_earlier_runs`)."""
+        path = super().resume(checkpoint)
+        start_after = getattr(self.generator, "start_after_earlier_runs", None)
+        self.version = max(self.version + 1, start_after() if start_after else 0)
+        return path
+
     def start_steps(self) -> None:
         """Start the rollout worker (called by `train()` after the initial evaluation)."""
         cfg = self.config

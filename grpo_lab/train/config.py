@@ -287,6 +287,12 @@ class GRPOConfig:
     """Print one line with fixed keys every N steps."""
     output_dir: str | None = None
     """Folder for metrics.jsonl, config.json and the adapter/model (None = write nothing)."""
+    save_steps: int = 0
+    """TRL's option: a checkpoint (weights, optimizer, step, RNGs) under
+    `<output_dir>/checkpoints/step-N` every N steps, for `train(resume_from_checkpoint=True)`
+    (0 = none; TRL saves every 500 steps)."""
+    save_total_limit: int = 2
+    """TRL's option: the newest checkpoints kept (TRL keeps all by default)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     doctor: bool = True
@@ -381,6 +387,11 @@ class GRPOConfig:
             problems.append(f"eval_every must be >= 0 (got {self.eval_every})")
         if self.few_shot < 0:
             problems.append(f"few_shot must be >= 0 (got {self.few_shot})")
+        if self.save_steps < 0 or self.save_total_limit < 1:
+            problems.append(f"need save_steps >= 0 and save_total_limit >= 1 (got "
+                            f"{self.save_steps}, {self.save_total_limit})")
+        elif self.save_steps and not self.output_dir:
+            problems.append("save_steps writes checkpoints under output_dir: set output_dir")
         if problems:
             raise ValueError("invalid GRPOConfig: " + "; ".join(problems))
 

@@ -12,6 +12,7 @@ Full fine-tuning or LoRA, any causal LM, one process or several under `accelerat
 from __future__ import annotations
 
 import copy
+import json
 import random
 import sys
 import time
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..algo.grpo_loss import group_advantages
 from ..algo.shared_prompt import supports_shared_prompt
+from ..bucket.checkpoint import Checkpoints, full_state
 from ..data.completions import Completions
 from ..data.prompts import render_prompt
 from ..data.reward_set import RewardSet
@@ -31,7 +33,7 @@ from ..model.generation import generate_completions
 from ..model.models import load_model_and_tokenizer
 from ..util.devices import resolve_device, resolve_dtype
 from ..watch.doctor import chat_template_finding, make_doctor
-from ..watch.metrics import MetricsLogger, format_step, set_aside_earlier_run
+from ..watch.metrics import MetricsLogger, format_step, read_metrics, set_aside_earlier_run
 from ..watch.reporters import make_reporters
 from ..watch.samples import CompletionLog
 from .config import GRPOConfig, config_from_trl_arguments
@@ -241,10 +243,18 @@ class GRPOTrainer(PolicyUpdate):
         correct = self.processes.sum([round(accuracy * len(mine))])[0]
         return correct / max(len(problems), 1)
 
-    def train(self, steps: int | None = None, callback=None) -> list[dict]:
-        """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after."""
-        steps = steps or self.config.steps
+    def train(self, steps: int | None = None, callback=None,
+              resume_from_checkpoint: bool | str | Path | None = None) -> list[dict]:
+        """Run `steps` (default config.steps) steps, evaluating before, every eval_every, after.
+        `resume_from_checkpoint` (TRL's argument): True = the newest checkpoint under
+        `<output_dir>/checkpoints` (written every `save_steps`), or a checkpoint's folder; the run
+        then goes on to config.steps in all."""
         cfg = self.config
+        if resume_from_checkpoint:
+            self.resume(resume_from_checkpoint)
+            if steps is None and self.step_count >= cfg.steps:
+                return self.logger.records  # that run had finished
+        steps = steps or cfg.steps - self.step_count
         evaluating = cfg.eval_size > 0  # 0: no held-out evaluation at all
         if self.step_count == 0:
             if self.logger.path and not self.logger.records:  # a fresh run, never mixed
@@ -265,6 +275,8 @@ class GRPOTrainer(PolicyUpdate):
                 if evaluating and (due or record["step"] == last):
                     record["eval/accuracy"] = self.evaluate()
                 self.logger.log(record)
+                if cfg.save_steps and record["step"] % cfg.save_steps == 0:
+                    self.save_checkpoint()
                 bar.update(1)
                 if not self.processes.is_main:  # the main process logs and prints
                     if callback is not None:
@@ -319,6 +331,47 @@ class GRPOTrainer(PolicyUpdate):
     def accuracy_history(self) -> list[tuple[int, float]]:
         return [(r["step"], r["eval/accuracy"]) for r in self.logger.records
                 if "eval/accuracy" in r]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoints(self) -> Checkpoints | None:
+        """`<output_dir>/checkpoints` (grpo_lab.bucket.checkpoint), or None without output_dir."""
+        out = self.config.output_dir
+        return Checkpoints(Path(out) / "checkpoints", keep=self.config.save_total_limit) \
+            if out else None
+
+    def save_checkpoint(self) -> Path | None:
+        """Weights, optimizer, step, version and RNGs at this step (every process calls this:
+        FSDP2 gathers; the main process writes)."""
+        if not self.processes.is_main:
+            full_state(self)
+            return None
+        return self.checkpoints.save(self, {})
+
+    def resume(self, checkpoint: bool | str | Path) -> Path:
+        """Load a checkpoint (True: the newest under `<output_dir>/checkpoints`) into this
+        trainer, and keep the run's metrics up to its step (later ones are logged again)."""
+        if checkpoint is True:
+            found = self.checkpoints.latest() if self.checkpoints else None
+            if found is None:
+                where = (f"under {Path(self.config.output_dir) / 'checkpoints'}"
+                         if self.config.output_dir else "without output_dir")
+                raise ValueError(f"resume_from_checkpoint=True: no checkpoint {where}; "
+                                 "save_steps=N writes one every N steps")
+            checkpoint = found
+        checkpoint = Path(checkpoint)
+        if not (checkpoint / "state.json").is_file():
+            raise ValueError(f"resume_from_checkpoint={str(checkpoint)!r}: not a checkpoint "
+                             "(a folder with state.json, e.g. <output_dir>/checkpoints/step-N)")
+        state = Checkpoints.load(checkpoint, self)
+        if self.logger.path and self.logger.path.exists():  # this run's records so far
+            kept = [r for r in read_metrics(self.logger.path) if r.get("step", 0) <= state["step"]]
+            self.logger.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.logger.records = kept
+        if self.processes.is_main:
+            tqdm.write(f"resuming from {checkpoint} at step {self.step_count}")
+        return checkpoint
 
     def save(self, path: str | Path) -> Path:
         """The adapter (adapter_config.json + adapter_model.safetensors) or the full model,
