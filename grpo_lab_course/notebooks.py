@@ -45,12 +45,23 @@ CODE_LINES_PER_MINUTE = 20
 """Code read line by line before running it."""
 
 
+TRACKS = {
+    "algorithm": ("00", "00b", "01", "01b", "02", "03", "09", "09b", "10"),
+    "systems": ("04", "05", "05b", "06", "07", "08", "11"),
+}
+"""The course's two tracks, in reading order (the systems track after 00-01)."""
+ROADMAP_PREFIX = "> **You are here:**"
+"""The first line under a notebook's title: its place on the map (tools/roadmap.py writes it)."""
+
+
 def reading_minutes(path: Path) -> int:
     """Minutes to read a notebook as a learner does: its markdown words at
     `PROSE_WORDS_PER_MINUTE` and its code lines at `CODE_LINES_PER_MINUTE` (collapsed blocks and
-    quiz answers included; running time apart)."""
+    quiz answers included; the roadmap line and running time apart)."""
     cells = json.loads(Path(path).read_text())["cells"]
-    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    words = sum(len(line.split()) for c in cells if c["cell_type"] == "markdown"
+                for line in "".join(c["source"]).splitlines()
+                if not line.startswith(ROADMAP_PREFIX))
     lines = sum(len([line for line in "".join(c["source"]).splitlines() if line.strip()])
                 for c in cells if c["cell_type"] == "code")
     return round(words / PROSE_WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE)

@@ -91,3 +91,14 @@ def test_the_maps_reading_minutes_are_the_notebooks():
         assert set(stated) == set(actual), (path.name, sorted(stated))
         off = {n: (stated[n], actual[n]) for n in actual if abs(stated[n] - actual[n]) > 1}
         assert not off, f"{path.name}: (stated, actual) reading minutes {off}"
+
+
+def test_every_notebook_says_where_it_stands_on_the_map():
+    """The "you are here" line under each title matches the README's map (tools/roadmap.py
+    writes it), and every notebook is on exactly one track."""
+    from grpo_lab_course.notebooks import TRACKS
+    from tools.roadmap import main
+
+    on_tracks = [n for order in TRACKS.values() for n in order]
+    assert sorted(on_tracks) == sorted(ORDER), (on_tracks, ORDER)
+    assert main(["--check"]) == 0, "run .venv/bin/python tools/roadmap.py"
