@@ -174,9 +174,9 @@ NOTEBOOK_GOALS = {
             lambda r: r["correction_run"]["weight_max"] <= r["correction_run"]["cap"] + 1e-6
             and r["correction_run"]["weight_min"] < 1,
         # one step's groups in the buffer and one batch in the making: at most 2 versions ahead
-        "04.3: at max_staleness 8 the buffer (one step's groups) keeps staleness <= 2, "
-        "none dropped":
-            lambda r: r["staleness_run"]["max_staleness"] == 8
+        "04.3: at any looser bound (max_staleness >= 2) the buffer (one step's groups) keeps "
+        "staleness <= 2, none dropped":
+            lambda r: r["staleness_run"]["max_staleness"] >= 2
             and r["staleness_run"]["staleness_max"] <= 2
             and r["staleness_run"]["staleness_mean"] > 0
             and r["staleness_run"]["dropped"] == 0,

@@ -54,10 +54,11 @@ def draw_grpo_loop(path: Path) -> None:
                     (9.9, "4. clipped update")):
         ax.text(x, 5.05, text, ha="center", size=12.5, weight="bold", color=GREY)
 
+    # the prompt goes into the policy, which samples the group's G completions
+    box(ax, 0.2, 3.95, 1.3, 0.75, "prompt\n'07+45='", LIGHT["grey"], size=11)
+    arrow(ax, (0.85, 3.92), (0.85, 3.6))
     box(ax, 0.1, 2.45, 1.5, 1.1, "policy $\\pi_\\theta$\n(the tiny\nmodel)", LIGHT["grey"],
         weight="bold")
-    box(ax, 1.95, 3.85, 1.3, 0.75, "prompt\n'07+45='", LIGHT["grey"], size=11)
-    arrow(ax, (1.6, 3.3), (1.95, 4.05))
 
     # the group: one row per completion, with its reward and advantage
     row_h, top = 0.78, 3.55
@@ -74,7 +75,7 @@ def draw_grpo_loop(path: Path) -> None:
         arrow(ax, (3.25, y + 0.3), (4.5, y + 0.3), "right" if right else "wrong", dy=0.02)
         arrow(ax, (5.6, y + 0.3), (6.05, y + 0.3))
         arrow(ax, (7.45, y + 0.3), (8.4, 2.2 + 0.25 * (3 - i)), curve=0.0)
-    arrow(ax, (1.6, 2.7), (1.95, 2.05))
+        arrow(ax, (1.62, 3.3 - 0.22 * i), (1.97, y + 0.3))  # the policy samples each one
     ax.text(6.75, 0.33, f"$A_i = (r_i - \\mathrm{{mean}})/\\mathrm{{std}}$ over the group:\n"
             f"mean {mean:.2f}, std {std:.2f}", ha="center", va="top", size=10.5)
 

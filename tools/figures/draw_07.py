@@ -56,7 +56,7 @@ def panel(ax, title, subtitle, replica, proxy_in_trainer, trainer, bucket, links
     ax.text(5, 9.65, subtitle, ha="center", va="center", size=10, color=GREY)
     # replicas: two drawn, the N-th implied
     for i, y in enumerate((7.1, 4.6)):
-        box(ax, 0.2, y, 3.3, 1.85, replica.format(i=i), LIGHT["replica"], edge=BLUE)
+        box(ax, 0.1, y, 3.55, 1.85, replica.format(i=i), LIGHT["replica"], edge=BLUE, size=10)
     ax.text(1.85, 4.2, "...  N replicas", ha="center", va="center", size=10, color=BLUE)
     # proxy and trainer (on HF Jobs the proxy runs inside the trainer job)
     if proxy_in_trainer:
@@ -64,15 +64,15 @@ def panel(ax, title, subtitle, replica, proxy_in_trainer, trainer, bucket, links
         ax.text(7.42, 8.9, "trainer job (H200)", ha="center", va="center", size=10,
                 color=GREEN, weight="bold")
     box(ax, 5.4, 6.6, 4.1, 1.9, "proxy\ngrpo-lab proxy\nroutes by prompt prefix",
-        LIGHT["proxy"], edge=ORANGE)
-    box(ax, 5.4, 4.6, 4.1, 1.55, trainer, LIGHT["trainer"], edge=GREEN)
+        LIGHT["proxy"], edge=ORANGE, size=10)
+    box(ax, 5.4, 4.6, 4.1, 1.55, trainer, LIGHT["trainer"], edge=GREEN, size=10)
     # the bucket
-    box(ax, 0.9, 0.35, 8.2, 1.9, bucket, LIGHT["bucket"], edge=PURPLE)
+    box(ax, 0.9, 0.35, 8.2, 1.9, bucket, LIGHT["bucket"], edge=PURPLE, size=10)
     # requests: trainer -> proxy -> replicas
     arrow(ax, (7.45, 6.15), (7.45, 6.6), color=ORANGE)
-    arrow(ax, (5.4, 7.9), (3.5, 8.0), color=ORANGE)
-    arrow(ax, (5.4, 7.0), (3.5, 5.6), color=ORANGE)
-    label(ax, 4.2, 6.55, links["route"], color=ORANGE)
+    arrow(ax, (5.4, 7.9), (3.7, 8.0), color=ORANGE)
+    arrow(ax, (5.4, 7.0), (3.7, 5.6), color=ORANGE)
+    label(ax, 4.55, 6.45, links["route"], color=ORANGE, size=9)
     # adapters: trainer writes, replicas read
     arrow(ax, (7.45, 4.6), (7.45, 2.25), color=PURPLE)
     label(ax, 7.45, 3.35, "writes policy-vN,\ncheckpoints", color=PURPLE)

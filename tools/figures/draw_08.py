@@ -61,16 +61,16 @@ def draw_pipeline_knobs(path: Path) -> None:
     arrow(ax, (11.15, 3.35), (11.55, 2.75), DATA, style="<|-|>")
     # weights: the trainer publishes a version, the replicas load it
     arrow(ax, (1.5, 2.55), (4.85, 0.7), WEIGHTS, rad=0.2)
-    ax.text(1.2, 1.0, "publish a version", ha="center", fontsize=9, color=WEIGHTS)
+    ax.text(3.75, 1.75, "publish a version", ha="center", fontsize=9, color=WEIGHTS)
     arrow(ax, (8.15, 0.7), (12.25, 2.15), WEIGHTS, rad=0.2)
     ax.text(11.6, 0.75, "each replica loads it", ha="center", fontsize=9, color=WEIGHTS)
     # where each run's knob acts
     knob(ax, 1.5, 5.1, "runs 1-2: token_budget\n(micro-batches per step)")
     knob(ax, 8.1, 5.1, "run 4: max_inflight\n(requests in flight)")
     knob(ax, 11.3, 5.75, "run 3: replicas (1 or 2)")
-    knob(ax, 2.95, 1.55, "run 5: weight_sync_steps\n(publish every k steps)")
+    knob(ax, 1.3, 0.75, "run 5: weight_sync_steps\n(publish every k steps)")
     knob(ax, 4.8, 5.1, "max_staleness\n(admission rule)")
-    for x0, y0, x1, y1 in ((1.5, 4.75, 1.5, 4.5), (8.1, 4.75, 8.1, 4.5),
+    for x0, y0, x1, y1 in ((1.5, 4.75, 1.5, 4.5), (8.1, 4.75, 8.1, 4.5), (1.3, 1.1, 1.85, 2.05),
                            (11.3, 5.55, 11.3, 4.15), (4.8, 4.75, 4.8, 4.5)):
         ax.plot([x0, x1], [y0, y1], color=KNOB, linewidth=2)
     ax.text(6.5, 6.05, "data: right to left (blue); weights: trainer to replicas (green); "
