@@ -51,7 +51,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.algo.grpo_loss import policy_logprobs  # noqa: E402
+from grpo_lab.algo.logprobs import policy_logprobs  # noqa: E402
 from grpo_lab.bucket.adapters import AdapterBucket  # noqa: E402
 from grpo_lab.data.completions import Completions  # noqa: E402
 from grpo_lab.model.memory_model import StepSetting, step_memory  # noqa: E402

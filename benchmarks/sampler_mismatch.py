@@ -46,7 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from grpo_lab.algo.grpo_loss import policy_logprobs  # noqa: E402
+from grpo_lab.algo.logprobs import policy_logprobs  # noqa: E402
 from grpo_lab.algo.sampler_correction import (  # noqa: E402
     IS_MODES,
     sampler_correction_metrics,

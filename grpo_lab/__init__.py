@@ -39,9 +39,10 @@ _EXPORTS = {
     "grpo_lab.algo.grpo_loss": (
         "grpo_loss", "group_advantages", "clipped_surrogate", "SurrogateOutput", "k3_kl",
         "aggregate", "grpo_aggregate", "dapo_aggregate", "dr_grpo_aggregate", "LOSS_TYPES",
-        "masked_mean", "token_logprobs", "token_logprobs_and_entropy", "policy_logprobs",
-        "policy_logprobs_and_entropy"),
-    "grpo_lab.algo.logprobs": ("selective_logprobs", "model_logprobs"),
+        "masked_mean"),
+    "grpo_lab.algo.logprobs": (
+        "selective_logprobs", "model_logprobs", "token_logprobs", "token_logprobs_and_entropy",
+        "policy_logprobs", "policy_logprobs_and_entropy"),
     "grpo_lab.algo.sampler_correction": (
         "sampler_importance_weights", "sampler_kl", "sampler_correction_metrics", "IS_MODES"),
     # A step's batch and its micro-batches

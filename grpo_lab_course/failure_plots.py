@@ -159,7 +159,8 @@ def entropy_agrees(mean_entropy: Callable, tolerance: float = 1e-4) -> bool:
     (`token_logprobs_and_entropy`, `masked_mean`) on random logits at temperatures 1 and 0.5."""
     import torch
 
-    from grpo_lab.algo.grpo_loss import masked_mean, token_logprobs_and_entropy
+    from grpo_lab.algo.grpo_loss import masked_mean
+    from grpo_lab.algo.logprobs import token_logprobs_and_entropy
 
     logits = 3 * torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(0))  # (B, T, V)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])

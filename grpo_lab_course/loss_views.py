@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 from grpo_lab.train.trainer import GRPOTrainer
 
 
@@ -79,7 +80,7 @@ def kl_to_reference(trainer, reference, problems):
     ids_and_masks = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                      batch.completion_mask)
     with torch.no_grad():  # (B, T, V): the logits that predict each completion token
-        logps, ref_logps = (torch.log_softmax(core.completion_logits(m, *ids_and_masks).float()
+        logps, ref_logps = (torch.log_softmax(logprobs.completion_logits(m, *ids_and_masks).float()
                                               / trainer.config.temperature, -1)
                             for m in (trainer.model, reference))
     exact = (logps.exp() * (logps - ref_logps)).sum(-1)  # (B, T)
@@ -142,7 +143,7 @@ def group_logps(model, tokenizer, lengths: torch.Tensor, prompt: str = "07+45=",
                                  tokenizer.pad_token_id)
     enc = tokenizer([prompt] * G, return_tensors="pt")
     with torch.no_grad():
-        logps = core.policy_logprobs(model, enc["input_ids"].to(device),
+        logps = logprobs.policy_logprobs(model, enc["input_ids"].to(device),
                                      enc["attention_mask"].to(device), completion_ids.to(device),
                                      completion_mask.to(device)).cpu()
     return completion_mask, logps

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.algo.sampler_correction import sampler_importance_weights, sampler_kl
 from grpo_lab.train.rollout_batch import pad_left, pad_right
 

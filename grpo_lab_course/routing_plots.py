@@ -185,7 +185,7 @@ def replica_ratios(answers: list[tuple[dict, str]], policy, base_model,
     `base_model` instead of `policy`. Prints one line per replica."""
     import torch
 
-    from grpo_lab.algo.grpo_loss import policy_logprobs
+    from grpo_lab.algo.logprobs import policy_logprobs
     from grpo_lab.algo.sampler_correction import sampler_kl
     from grpo_lab_course.ratio_stats import collate_choices
 

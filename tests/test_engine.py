@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.serve.engine import Engine, generate_sync
 from grpo_lab.serve.lora_registry import LoRARegistry, read_adapter
 from grpo_lab.serve.requests import RequestGroup, Sequence, make_generator
@@ -32,7 +32,7 @@ def seqs_for(tokenizer, prompts, adapter=None, seed0=0, **params):
 
 
 def trainer_logprobs(model, tokenizer, seqs, temperature):
-    """grpo_lab.algo.grpo_loss.policy_logprobs on the engine's tokens (left/right padded batch)."""
+    """grpo_lab.algo.logprobs.policy_logprobs on the engine's tokens (left/right padded batch)."""
     prompt_ids, prompt_mask = pad_left([s.prompt_ids for s in seqs], tokenizer.pad_token_id)
     completion_ids, mask = pad_right([s.output_ids for s in seqs], tokenizer.pad_token_id)
     served, _ = pad_right([s.logprobs for s in seqs], 0.0)

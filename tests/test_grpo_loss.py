@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 
 
 def test_token_logprobs_divides_by_temperature():
@@ -13,8 +14,8 @@ def test_token_logprobs_divides_by_temperature():
     targets = torch.tensor([[0]])
     at_t1 = math.log(math.e**2 / (math.e**2 + 2))
     at_t2 = math.log(math.e / (math.e + 2))  # logits / 2
-    assert core.token_logprobs(logits, targets, 1.0).item() == pytest.approx(at_t1, abs=1e-6)
-    assert core.token_logprobs(logits, targets, 2.0).item() == pytest.approx(at_t2, abs=1e-6)
+    assert logprobs.token_logprobs(logits, targets, 1.0).item() == pytest.approx(at_t1, abs=1e-6)
+    assert logprobs.token_logprobs(logits, targets, 2.0).item() == pytest.approx(at_t2, abs=1e-6)
 
 
 def test_group_advantages_hand_computed():
@@ -109,7 +110,7 @@ def test_grpo_loss_metrics_and_errors():
 
 def test_position_ids_skip_left_padding():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    assert core.position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert logprobs.position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
 
 
 def test_policy_logprobs_equal_generation_logprobs(tiny_model_and_tokenizer):
@@ -125,6 +126,6 @@ def test_policy_logprobs_equal_generation_logprobs(tiny_model_and_tokenizer):
     completion_ids, completion_mask = pad_right(out.completion_ids, tokenizer.pad_token_id)
     old, _ = pad_right(out.logprobs, 0.0)
     with torch.no_grad():
-        new = core.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+        new = logprobs.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
                                    completion_mask, temperature=0.7)
     assert (new - old).mul(completion_mask).abs().max().item() < 1e-4

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.bucket.adapters import AdapterBucket
 from grpo_lab.rollout.generators import Generator
 from grpo_lab.rollout.http_generator import HTTPGenerator

@@ -9,7 +9,7 @@ from float_tolerance import assert_f32_close, assert_grads_close, f32_atol, logp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_lab.algo import logprobs as lp
-from grpo_lab.algo.grpo_loss import completion_logits, policy_logprobs_and_entropy
+from grpo_lab.algo.logprobs import completion_logits, policy_logprobs_and_entropy
 from grpo_lab.data.datasets import DATASET_MAX_NEW_TOKENS, load_dataset_task
 from grpo_lab.model.evaluation import token_batches
 from grpo_lab.model.generation import sample_from_ids, sampling_config

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.algo.grpo_loss import grpo_loss, policy_logprobs
+from grpo_lab.algo.grpo_loss import grpo_loss
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.algo.packing import (
     accumulate_grpo_loss,
     block_causal_mask,

@@ -11,6 +11,7 @@ import torch
 from float_tolerance import assert_f32_close, f32_atol, logprob_atol, mean_atol
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 from grpo_lab.algo.packing import accumulate_grpo_loss, make_micro_batches
 from grpo_lab.algo.sampler_correction import (
     IS_MODES,
@@ -279,7 +280,7 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
     # ... the same numbers as a no-grad pass of its own (TRL's old_per_token_logps), up to the
     # rounding of another forward (packed rows).
     with torch.no_grad():
-        trainer_logps = core.policy_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask,
+        trainer_logps = logprobs.policy_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask,
                                              batch.completion_ids, batch.completion_mask, 1.0)
     lp_atol = logprob_atol(trainer_logps, trainer.model.config.vocab_size)
     assert_f32_close(proximal.logps, trainer_logps, lp_atol, "logprobs")

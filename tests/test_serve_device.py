@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.serve.config import ServeConfig
 from grpo_lab.serve.engine import generate_sync
 from grpo_lab.serve.requests import Sequence, make_generator

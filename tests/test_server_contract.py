@@ -26,7 +26,7 @@ from server_contract_helpers import (
     vllm_error,
 )
 
-from grpo_lab.algo.grpo_loss import policy_logprobs
+from grpo_lab.algo.logprobs import policy_logprobs
 from grpo_lab.serve.client import BlockingClient
 from grpo_lab.train.rollout_batch import pad_left, pad_right
 

@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from grpo_lab.algo.grpo_loss import grpo_loss, policy_logprobs_and_entropy
+from grpo_lab.algo.grpo_loss import grpo_loss
+from grpo_lab.algo.logprobs import policy_logprobs_and_entropy
 from grpo_lab.algo.packing import PackedMicroBatch, PaddedMicroBatch, accumulate_grpo_loss
 from grpo_lab.algo.shared_prompt import layout_micro_batches, shared_prompt_mask
 from grpo_lab.model import generation

@@ -78,6 +78,7 @@ from trl_parity_helpers import (
 )
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 from grpo_lab.data.rewards import exact_match_reward
 from grpo_lab.data.tasks import AdditionTask
 from grpo_lab.model.models import load_model_and_tokenizer
@@ -131,7 +132,7 @@ def test_per_token_logprobs_match(trainer, model, batch):
     assert_f32_close(ours[real], trl_logps[real], atol, "logprobs")
     # ... and the tolerance is far below what a real difference moves: the temperature.
     with torch.no_grad():
-        at_t1 = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+        at_t1 = logprobs.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                      batch["completion_ids"], batch["completion_mask"], 1.0)
     assert (at_t1[real] - trl_logps[real]).abs().max() > MISS * atol
     # Difference 3: TRL's are exactly 0 on padding; grpo_lab's are real numbers (masked later).

@@ -13,6 +13,7 @@ import trl_parity_helpers as parity
 from float_tolerance import assert_f32_close, assert_grads_close
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 
 VOCABULARY = 49_152
 """SmolLM2's: its logprobs of random tokens reach -29, so the tiny model's rule (a log-softmax's
@@ -51,7 +52,7 @@ def test_per_token_logprobs_match_at_the_real_vocabulary(trainer, model, batch):
     assert atol < 0.05  # the tiny model's rule (vocab x size) would allow 0.67 nats here
     assert_f32_close(ours[real], theirs[real], atol, "logprobs")
     with torch.no_grad():  # the tolerance is far below what a real difference (temperature) moves
-        at_t1 = core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+        at_t1 = logprobs.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                      batch["completion_ids"], batch["completion_mask"], 1.0)
     assert (at_t1[real] - theirs[real]).abs().max() > parity.MISS * atol
 

@@ -20,6 +20,7 @@ from trl import GRPOConfig as TRLConfig
 from trl import GRPOTrainer as TRLTrainer
 
 from grpo_lab.algo import grpo_loss as core
+from grpo_lab.algo import logprobs
 from grpo_lab.data.rewards import exact_match_reward
 from grpo_lab.data.tasks import AdditionTask
 from grpo_lab.model.models import load_model_and_tokenizer
@@ -138,10 +139,10 @@ def make_batch(trainer, model) -> dict:
                            dtype=torch.float32)
     advantages = core.group_advantages(rewards, G)
     with torch.no_grad():
-        current = core.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+        current = logprobs.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
                                        completion_mask, TEMPERATURE)
         with model.disable_adapter():  # LoRA's reference: the base model, as in both trainers
-            ref_logps = core.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+            ref_logps = logprobs.policy_logprobs(model, prompt_ids, prompt_mask, completion_ids,
                                              completion_mask, TEMPERATURE)
     # "Old" logprobs as after a few updates: about +-0.4 (1 sigma) around the current ones, so both
     # clip branches fire. Zero on padding, as TRL pads them.
@@ -203,7 +204,7 @@ def trl_logprobs(trainer, model, batch) -> torch.Tensor:
 
 
 def our_logprobs(model, batch) -> torch.Tensor:
-    return core.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+    return logprobs.policy_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
                                 batch["completion_ids"], batch["completion_mask"], TEMPERATURE)
 
 

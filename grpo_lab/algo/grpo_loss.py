@@ -1,7 +1,6 @@
 """The GRPO core, one function per idea (docs/internals.md, "The GRPO loss").
 
-    1. per-token log-probabilities at the sampling temperature   token_logprobs, policy_logprobs
-       (and the policy's entropy there, a metric)                token_logprobs_and_entropy
+    1. per-token log-probabilities at the sampling temperature   grpo_lab.algo.logprobs
     2. group-relative advantages                                  group_advantages
     3. the clipped surrogate with separate low/high epsilon       clipped_surrogate
     4. an optional KL penalty against a reference (k3 estimator)  k3_kl
@@ -16,89 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from .logprobs import model_logprobs, selective_logprobs
-
-# ---------------------------------------------------------------------------------------------
-# 1. Log-probabilities
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
-    """log softmax(logits / T)[target] per position: (B, T, V), (B, T) -> (B, T).
-
-    Dividing by the sampling temperature makes these the log-probabilities of the distribution
-    the tokens were actually sampled from (vLLM's `processed_logprobs`). The log-softmax runs
-    over chunks of positions (grpo_lab.algo.logprobs): a real vocabulary's is never whole.
-    """
-    return selective_logprobs(logits, targets, temperature)[0]
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding (`cumsum - 1`), exactly as `generate` derives them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` and the entropy in nats of softmax(logits / T) at each position, from
-    the same log-softmax: (B, T, V), (B, T) -> ((B, T), (B, T)).
-
-    The entropy is a metric (no gradient): its mean over completion tokens is TRL's `entropy`.
-    A policy whose entropy falls towards 0 samples the same tokens every time (entropy
-    collapse), and its groups stop differing.
-    """
-    return selective_logprobs(logits, targets, temperature, entropy=True)
-
-
-def completion_logits(
-    model,
-    prompt_ids: torch.Tensor,  # (B, P) left padded
-    prompt_mask: torch.Tensor,  # (B, P)
-    completion_ids: torch.Tensor,  # (B, T) right padded
-    completion_mask: torch.Tensor,  # (B, T)
-) -> torch.Tensor:
-    """The logits that predict each completion token under `model`: (B, T, V)."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-    ).logits  # (B, P+T, V)
-    # The logit at position t predicts token t+1: keep the T positions that predict the completion.
-    T = completion_ids.shape[1]
-    return logits[:, -T - 1 : -1, :]
-
-
-def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        temperature: float = 1.0, entropy: bool = False):
-    """Per-token log-probabilities of the completions under `model`, (B, T), and the entropy
-    (B, T) or None: `completion_logits` + `token_logprobs_and_entropy`, without the (B, T, V)
-    logits at once (the head runs on the completion positions, chunk by chunk:
-    grpo_lab.algo.logprobs.model_logprobs)."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=position_ids_from_mask(attention_mask))
-    T = completion_ids.shape[1]
-    # The state at position t predicts token t+1: the T positions before the last.
-    return model_logprobs(model, inputs, lambda x: x[:, -T - 1:-1], completion_ids,
-                          temperature, entropy, logits_to_keep=T + 1)
-
-
-def policy_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """Per-token log-probabilities of the completions under `model`: (B, T)."""
-    return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                               temperature)[0]
-
-
-def policy_logprobs_and_entropy(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`policy_logprobs` and the policy's per-token entropy, from the same forward: (B, T) each."""
-    return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                               temperature, entropy=True)
-
 
 # ---------------------------------------------------------------------------------------------
 # 2. Advantages
@@ -247,8 +163,9 @@ def grpo_loss(
     `importance_weights`, (B, T) or (B, 1), detached: pi_old / pi_sampler truncated or masked
     (grpo_lab.algo.sampler_correction.sampler_importance_weights). They weigh the surrogate
     only, not the KL term, as in TRL's GRPOTrainer. None = no correction.
-    `entropy`, (B, T), the policy's per-token entropy (token_logprobs_and_entropy), is only
-    logged: its mean over completion tokens is TRL's `entropy` metric.
+    `entropy`, (B, T), the policy's per-token entropy
+    (grpo_lab.algo.logprobs.token_logprobs_and_entropy), is only logged: its mean over
+    completion tokens is TRL's `entropy` metric.
     `use_bias_correction_kl` (TRL's name): weigh the k3 KL by the ratio pi_theta / pi_old. The
     ratio is differentiable, so this changes the KL term's gradient even where its value is 1
     (see `k3_kl`); the logged `kl` is then the weighted one, as TRL logs it.

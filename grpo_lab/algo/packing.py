@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .grpo_loss import completion_logprobs, grpo_loss
-from .logprobs import model_logprobs
+from .grpo_loss import grpo_loss
+from .logprobs import completion_logprobs, model_logprobs
 
 
 @dataclass

@@ -6,7 +6,7 @@
     threads default   1 on a CPU (a run's processes share a few cores), torch's own on a GPU
 
 Whatever the weights' dtype, log-probabilities are computed in float32
-(grpo_lab.algo.grpo_loss.token_logprobs upcasts the logits): the ratio pi_theta / pi_old is a
+(grpo_lab.algo.logprobs.token_logprobs upcasts the logits): the ratio pi_theta / pi_old is a
 difference of two log-probabilities, and bfloat16 keeps only ~3 significant digits.
 """
 
