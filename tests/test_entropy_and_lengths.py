@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from grpo_lab.algo.grpo_loss import (
-    grpo_loss,
-    masked_mean,
+from grpo_lab.algo.grpo_loss import grpo_loss, masked_mean
+from grpo_lab.algo.logprobs import (
     policy_logprobs_and_entropy,
     token_logprobs,
     token_logprobs_and_entropy,

@@ -25,7 +25,7 @@ from grpo_lab.launch.hf_jobs import (
     hf_jobs_commands,
     package_source,
 )
-from grpo_lab.launch.install import CPU_TORCH_INDEX, wheel_install
+from grpo_lab.launch.install import CPU_TORCH_INDEX, IMAGE_PINS, wheel_install
 from grpo_lab.launch.local import LaunchError, fill_urls
 from grpo_lab.launch.recipe_config import RecipeConfig
 from grpo_lab.launch.recipe_plan import recipe_plan
@@ -266,8 +266,9 @@ def test_hf_jobs_install_grpo_lab_from_a_wheel_put_in_the_bucket_before_any_job(
     install = wheel_install(f"/lora/blog/wheels/{wheel}", image_has_torch=True)
     assert script.startswith("set -e\n" + install)
     assert (f"\nfor _ in $(seq 120); do test -f /lora/blog/wheels/{wheel} && break; sleep 5; done"
-            f"\nfor attempt in $(seq 5); do\n  pip install --quiet --retries 5 "
-            f"/lora/blog/wheels/{wheel} && break\n") in script  # the wheel alone: no extras
+            f"\npip list --format=freeze > {IMAGE_PINS}"  # the image's versions, held
+            f"\nfor attempt in $(seq 5); do\n  pip install --quiet --retries 5 --constraint "
+            f"{IMAGE_PINS} /lora/blog/wheels/{wheel} && break\n") in script  # no extras
     # a CPU replica runs grpo-lab serve: it installs the same wheel from its read-only mount,
     # with torch's CPU build (the CPU image has no torch)
     cpu = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="cpu",
@@ -295,6 +296,7 @@ def test_the_job_install_retries_pip_five_times(tmp_path, failures, code, calls)
     bin_dir.mkdir()
     (bin_dir / "pip").write_text(textwrap.dedent(f"""\
         #!/bin/bash
+        [ "$1" = list ] && echo "torch==2.13.0" && exit 0  # the image's own versions
         echo "$@" >> {tmp_path / "pip-calls"}
         [ "$(wc -l < {tmp_path / "pip-calls"})" -gt {failures} ]
     """))
@@ -306,7 +308,7 @@ def test_the_job_install_retries_pip_five_times(tmp_path, failures, code, calls)
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     pip_calls = (tmp_path / "pip-calls").read_text().splitlines()
     assert (out.returncode, len(pip_calls)) == (code, calls), out.stdout + out.stderr
-    assert pip_calls[0] == f"install --quiet --retries 5 {wheel}"
+    assert pip_calls[0] == f"install --quiet --retries 5 --constraint {IMAGE_PINS} {wheel}"
     assert ("installed" in out.stdout) == (code == 0)
 
 
@@ -425,3 +427,45 @@ def test_a_jobs_timeout_follows_the_forecast(tmp_path, capsys):
                  "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t",
                  "--timeout", "30m"]) == 2
     assert "would be killed" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_install_holds_the_images_own_versions(tmp_path):
+    """The job's install, resolved offline against an "image" (this environment, with grpo_lab's
+    dependencies installed): under the image's own versions as constraints the wheel installs
+    without moving one of them; a pin grpo_lab cannot live with stops the install, named,
+    instead of replacing the image's package."""
+    import sys
+
+    out = tmp_path / "wheel"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = out.glob("grpo_lab-*.whl")
+    pins = tmp_path / "pins.txt"
+    listed = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze",
+                             "--exclude-editable"], capture_output=True, text=True, timeout=120)
+    pins.write_text(listed.stdout)
+
+    def dry_run(constraints: Path, report: bool = True):  # the job's `pip install`, offline
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index",
+             *(("--report", "-", "--quiet") if report else ()), "--constraint", str(constraints),
+             str(wheel)], capture_output=True, text=True, timeout=300)
+
+    held = dry_run(pins)
+    assert held.returncode == 0, held.stderr[-3000:]
+    report = json.loads(held.stdout)
+    moved = [i["metadata"]["name"] for i in report["install"]
+             if i["metadata"]["name"].lower().replace("_", "-") != "grpo-lab"]
+    assert moved == [], f"the install would replace the image's {moved}"
+    conflicting = tmp_path / "old-image.txt"
+    conflicting.write_text(listed.stdout.replace(
+        next(line for line in listed.stdout.splitlines() if line.lower().startswith(
+            "transformers==")), "transformers==4.0.0"))
+    refused = dry_run(conflicting, report=False)
+    said = refused.stdout + refused.stderr  # pip explains the conflict on stdout
+    assert refused.returncode != 0 and "transformers" in said, said[-2000:]
