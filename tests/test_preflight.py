@@ -174,3 +174,35 @@ def test_the_measured_mount_lag_feeds_the_forecast(tmp_path, monkeypatch, capsys
     assert LAG_S <= lag < LAG_S + LAG_SLACK_S
     assert "# forecast (grpo-lab plan's simulator" in out
     assert f"mount lag {lag:.2f} s (measured by a preflight)" in out
+
+
+def test_a_missing_or_read_only_mount_is_named_in_the_report(tmp_path):
+    """A job whose bucket is not mounted, or mounted read-only where it must write, says so in
+    its log and exits; the report quotes the log where the job left no result."""
+    import os
+    import subprocess
+    import sys
+
+    from hf_jobs_emulator import MOUNTS_ENV, HfJobsEmulator
+
+    from grpo_lab.launch import preflight_probes
+
+    probe = [sys.executable, preflight_probes.__file__, "trainer", "--url", "http://127.0.0.1:9",
+             "--token-env", "T"]
+    gone = subprocess.run([*probe, "--dir", "/grpo-lab-no-such-mount/pf/preflight"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "T": "x"})
+    assert gone.returncode == 3 and "/grpo-lab-no-such-mount does not exist: the bucket is not " \
+        "mounted" in gone.stdout, gone.stdout + gone.stderr
+    emulator = HfJobsEmulator(tmp_path / "hf")
+    ro = tmp_path / "bucket"
+    ro.mkdir()
+    env = {**os.environ, "T": "x", MOUNTS_ENV: f"{ro}=ro",
+           "PYTHONPATH": os.pathsep.join([str(emulator.site_dir),
+                                          os.environ.get("PYTHONPATH", "")])}
+    read_only = subprocess.run([*probe, "--dir", str(ro / "pf")], capture_output=True, text=True,
+                               timeout=60, env=env)
+    assert read_only.returncode == 3 and "mounted read-only" in read_only.stdout, \
+        read_only.stdout + read_only.stderr
+    report = report_from_results(None, None, 30, logs={TRAINER: read_only.stdout})
+    missing = next(f for f in report.findings if f.check == "trainer-probe")
+    assert "its log ends: [trainer-probe] cannot write in the bucket mount" in missing.message

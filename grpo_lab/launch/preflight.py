@@ -187,12 +187,21 @@ def _reach_finding(check: str, answer: dict, refused: bool) -> Finding:
                    "(on HF Jobs an HF_TOKEN with read access); check the job is running")
 
 
+def _log_end(logs: dict[str, str] | None, name: str) -> str:
+    """'; its log ends: ...' with the last lines of job `name`'s log, if there is one."""
+    lines = [line for line in (logs or {}).get(name, "").splitlines() if line.strip()][-3:]
+    return f"; its log ends: {' | '.join(lines)}" if lines else ""
+
+
 def report_from_results(trainer: dict | None, replica: dict | None,
-                        watch_timeout_s: float) -> PreflightReport:
-    """The findings from the two jobs' JSON results (None: the job left none), rename first."""
+                        watch_timeout_s: float, logs: dict[str, str] | None = None
+                        ) -> PreflightReport:
+    """The findings from the two jobs' JSON results (None: the job left none; `logs`, the tails
+    of the jobs' logs by name, then say why), rename first."""
     findings, lag = [], None
     if trainer is None:
-        findings.append(Finding("trainer-probe", False, "job A left no result in the bucket",
+        findings.append(Finding("trainer-probe", False, "job A left no result in the bucket"
+                                + _log_end(logs, TRAINER),
                                 "read its log (locally logs/trainer-probe.log; on HF Jobs "
                                 "`hf jobs logs <id>`)"))
     else:
@@ -208,7 +217,8 @@ def report_from_results(trainer: dict | None, replica: dict | None,
         findings.append(_reach_finding("refused with a wrong token", reach["wrong_token"],
                                        refused=True))
     if replica is None:
-        findings.append(Finding("replica-probe", False, "job B left no result in the bucket",
+        findings.append(Finding("replica-probe", False, "job B left no result in the bucket"
+                                + _log_end(logs, REPLICA),
                                 "read its log (locally logs/replica-probe.log; on HF Jobs "
                                 "`hf jobs logs <id>`)"))
     elif replica["seen"]:
@@ -245,7 +255,7 @@ def run_preflight(config: RecipeConfig | None = None, *, run_dir: str | Path | N
     except (LaunchError, TimeoutError) as exc:
         return PreflightReport([Finding("preflight jobs", False, str(exc),
                                         "read the jobs' logs; nothing of the recipe started")])
-    return report_from_results(*results, pre.watch_timeout_s)
+    return report_from_results(*results[:2], pre.watch_timeout_s, logs=results[2])
 
 
 def _wait_for(read, names: list[str], until: float, still_running,
@@ -271,11 +281,18 @@ def _run_local(pre: Preflight, run_dir: Path, timeout_s: float):
 
     with LocalLauncher(pre.plan, run_dir, grace_s=2.0, environ=environ) as run:
         code = run.wait(TRAINER, timeout_s)
-        if code != 0:
-            raise LaunchError(f"{TRAINER} exited with code {code}:\n{run.logs(TRAINER)}")
         until = time.monotonic() + pre.watch_timeout_s + 10
-        return _wait_for(read, [RESULT.format(role=r) for r in ("trainer", "replica")], until,
-                         lambda: run.running(REPLICA))
+        found = _wait_for(read, [RESULT.format(role=r) for r in ("trainer", "replica")], until,
+                          lambda: code == 0 and run.running(REPLICA))
+        return (*found, {name: run.logs(name) for name in (TRAINER, REPLICA)})
+
+
+def _job_log(api, job_id: str, namespace: str | None) -> str:
+    """An ended job's log as text ('' if the Hub cannot give it)."""
+    try:
+        return "\n".join(api.fetch_job_logs(job_id=job_id, namespace=namespace))
+    except Exception:  # a report without the log's words is still a report
+        return ""
 
 
 def download_bucket_file(api, uri: str) -> bytes | None:
@@ -309,9 +326,11 @@ def _run_hf_jobs(pre: Preflight, api, launcher_options: dict, read_bucket, poll_
                 raise TimeoutError(f"{TRAINER} still running after {timeout_s:g} s")
             time.sleep(poll_s)
         until = time.monotonic() + pre.watch_timeout_s + 60  # B may still be watching
-        return _wait_for(lambda name: read_bucket(f"{pre.folder}/{name}"),
-                         [RESULT.format(role=r) for r in ("trainer", "replica")], until,
-                         lambda: look()[REPLICA] not in ENDED_STAGES, poll_s)
+        found = _wait_for(lambda name: read_bucket(f"{pre.folder}/{name}"),
+                          [RESULT.format(role=r) for r in ("trainer", "replica")], until,
+                          lambda: look()[REPLICA] not in ENDED_STAGES, poll_s)
+        missing = [n for n, r in zip((TRAINER, REPLICA), found) if r is None]
+        return (*found, {name: _job_log(api, ids[name], namespace) for name in missing})
     finally:  # job B serves until stopped, as a replica does: it must not bill on
         cancel_jobs(api, {n: i for n, i in ids.items() if stages[n] not in ENDED_STAGES},
                     namespace)

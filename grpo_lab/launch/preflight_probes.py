@@ -187,6 +187,27 @@ def run_replica(args) -> int:
     return 0
 
 
+def mount_problem(folder: str, writable: bool) -> str | None:
+    """Why this job cannot use the bucket at `folder` (None: it can): the mount's top folder
+    missing (the job has no volume there; a folder made now would sit on the job's own disk),
+    or, where the job must write, a mount that refuses writes (read-only)."""
+    top = os.path.join(os.sep, os.path.abspath(folder).split(os.sep)[1])
+    if not os.path.isdir(top):
+        return (f"{top} does not exist: the bucket is not mounted in this job (check the job's "
+                f"volume, -v hf://buckets/<owner>/<name>:{top})")
+    if not writable:
+        return None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        check = os.path.join(folder, "write-check.tmp")
+        write_whole(check, {"ok": True})
+        os.remove(check)
+    except OSError as exc:
+        return (f"cannot write in the bucket mount at {folder} ({type(exc).__name__}: {exc}): "
+                "is it mounted read-only? The trainer's mount must be read-write")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="preflight_probes.py")
     sub = parser.add_subparsers(dest="role", required=True)
@@ -202,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         role.add_argument("--dir", required=True, help="the run's preflight folder in the mount")
         role.add_argument("--token-env", required=True, help="env var holding the bearer token")
     args = parser.parse_args(argv)
+    problem = mount_problem(args.dir, writable=args.role == "trainer")
+    if problem:  # said in the job's log, which the preflight's report quotes
+        print(f"[{args.role}-probe] {problem}", flush=True)
+        return 3
     return run_replica(args) if args.role == "replica" else run_trainer(args)
 
 
