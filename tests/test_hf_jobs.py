@@ -469,3 +469,41 @@ def test_the_install_holds_the_images_own_versions(tmp_path):
     refused = dry_run(conflicting, report=False)
     said = refused.stdout + refused.stderr  # pip explains the conflict on stdout
     assert refused.returncode != 0 and "transformers" in said, said[-2000:]
+
+
+def test_a_network_group_puts_the_replicas_behind_their_aliases(capsys):
+    """`--network-group`: every job joins the run's group under its own name, and the trainer's
+    proxy reaches the replicas at `${HF_NETWORK_GROUP_PREFIX}<alias>` (expanded by the job's
+    shell), not at their public URLs; the launcher still waits on the public URLs. Where
+    huggingface_hub's `run_job` has no network groups, the public URLs are the fallback, said."""
+    fake = FakeJobs()
+
+    def run_job(*, image, command, env=None, secrets=None, flavor=None, timeout=None,
+                labels=None, volumes=None, expose=None, name=None, network_group=None,
+                network_aliases=None, namespace=None):
+        return fake.run_job(image=image, command=command, env=env, secrets=secrets,
+                            flavor=flavor, timeout=timeout, labels=labels, volumes=volumes,
+                            expose=expose, name=name, network_group=network_group,
+                            network_aliases=network_aliases)
+
+    plan = recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="Blog_run", network_group=True)
+    assert plan.network_group == "blog-run"  # the Hub's form: lowercase and dashes
+    HfJobsLauncher(plan, run_job=run_job, upload=fake.upload,
+                   environ={"HF_TOKEN": TOKEN}).submit()
+    assert [(c["network_group"], c["network_aliases"]) for c in fake.calls] == [
+        ("blog-run", ["replica-0"]), ("blog-run", ["replica-1"]), ("blog-run", ["trainer"])]
+    script = fake.calls[2]["command"][2]
+    proxy_line = next(line for line in script.splitlines() if line.startswith("grpo-lab proxy"))
+    expanded = subprocess.run(["bash", "-c", f"echo {proxy_line.removesuffix(' &')}"],
+                              capture_output=True, text=True, timeout=10,
+                              env={**os.environ, "HF_NETWORK_GROUP_PREFIX": "ng-"})
+    assert "--upstream http://ng-replica-0:8000 --upstream http://ng-replica-1:8000" in \
+        expanded.stdout, expanded.stdout
+    assert "hf.jobs" not in proxy_line
+    fallback = FakeJobs()  # `run_job(**kwargs)`: no network_group parameter
+    HfJobsLauncher(blog_plan(network_group=True), run_job=fallback.run_job, upload=fallback.upload,
+                   environ={"HF_TOKEN": TOKEN}).submit()
+    assert "network_group" not in fallback.calls[0]
+    assert "hf.jobs --upstream" in fallback.calls[2]["command"][2]
+    assert "no network groups: the jobs reach each other at their public URLs" in \
+        capsys.readouterr().err

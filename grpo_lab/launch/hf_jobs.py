@@ -14,6 +14,7 @@ grpo_lab.launch.local.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shlex
@@ -34,6 +35,7 @@ from .specs import (
     BucketMount,
     JobSpec,
     RunPlan,
+    group_url,
     package_wheel_name,
 )
 
@@ -164,6 +166,12 @@ class HfJobsLauncher:
         self._environ = environ
         self.jobs: dict[str, Any] = {}  # name -> JobInfo
         self.urls: dict[str, str] = {}  # name -> exposed URL of its first port
+        self.network_group = plan.network_group if plan.network_group and \
+            "network_group" in inspect.signature(run_job or _hub_run_job()).parameters else None
+        if plan.network_group and not self.network_group:
+            print(f"this huggingface_hub has no network groups: the jobs reach each other at "
+                  f"their public URLs (pip install -U huggingface_hub for {plan.network_group})",
+                  file=sys.stderr)
 
     def _secret_values(self) -> dict[str, str]:
         environ = dict(os.environ if self._environ is None else self._environ)
@@ -182,9 +190,12 @@ class HfJobsLauncher:
 
     def run_job_kwargs(self, job: JobSpec, secrets: dict[str, str]) -> dict[str, Any]:
         """The exact keyword arguments `run_job` gets for `job`."""
+        # inside a network group a job reaches the others by alias; otherwise at public URLs
+        urls = {name: group_url(name, self.plan[name].ports[0]) for name in self.urls} \
+            if self.network_group else self.urls
         kwargs = {
             "image": job.image,
-            "command": [fill_urls(arg, self.urls) for arg in job.command],
+            "command": [fill_urls(arg, urls) for arg in job.command],
             "env": dict(job.env),
             "secrets": {name: secrets[name] for name in job.secrets},
             "flavor": job.flavor,
@@ -194,6 +205,8 @@ class HfJobsLauncher:
             "volumes": [hf_volume(v) for v in job.volumes],
             "expose": list(job.ports) or None,
         }
+        if self.network_group:
+            kwargs.update(network_group=self.network_group, network_aliases=[job.name])
         if self.namespace:
             kwargs["namespace"] = self.namespace
         return kwargs
@@ -203,9 +216,7 @@ class HfJobsLauncher:
         if self.plan.backend != "hf-jobs":
             raise LaunchError(f"this plan was built for the {self.plan.backend} backend")
         if self._run_job is None:
-            from huggingface_hub import run_job
-
-            self._run_job = run_job
+            self._run_job = _hub_run_job()
         secrets = self._secret_values()
         if self.plan.uploads:  # before any job: the replicas may install from the bucket at once
             try:
@@ -285,6 +296,12 @@ class HfJobsLauncher:
                 print(f"could not cancel {name} ({info.id}): {exc}", file=sys.stderr)
 
 
+def _hub_run_job():
+    from huggingface_hub import run_job
+
+    return run_job
+
+
 def _double_quoted(text: str, urls: dict[str, str]) -> str:
     """`text` as one double-quoted shell word; placeholders become `$VAR` references."""
     out, pos = [], 0
@@ -300,7 +317,9 @@ def hf_jobs_commands(plan: RunPlan, namespace: str | None = None) -> str:
     """The plan as `hf jobs run` lines to paste into a shell (bash): replicas first, each id
     kept in a shell variable, then the trainer job, which reaches them at their exposed URLs."""
     needed = {dep for job in plan.jobs for dep in job.placeholders()}
-    urls = {name: exposed_url("${" + shell_var(name) + "}", plan[name].ports[0]) for name in needed}
+    urls = {name: group_url(name, plan[name].ports[0]).replace("$", "\\$")  # the job's shell
+            if plan.network_group else exposed_url("${" + shell_var(name) + "}",
+                                                    plan[name].ports[0]) for name in needed}
     lines = [f"# {plan.name}: {len(plan.jobs)} Hugging Face Jobs; needs `hf auth login` "
              "(or HF_TOKEN exported) and the bucket created"]
     for source, destination in plan.uploads:
@@ -315,6 +334,8 @@ def hf_jobs_commands(plan: RunPlan, namespace: str | None = None) -> str:
         args += ["--timeout", job.timeout] if job.timeout else []
         args += ["--namespace", namespace] if namespace else []
         args += ["--label", f"{RUN_LABEL}={plan.name}"]
+        if plan.network_group:
+            args += ["--network-group", plan.network_group, "--network-alias", job.name]
         for name in job.secrets:
             args += ["--secrets", name]
         for port in job.ports:

@@ -79,6 +79,12 @@ class RecipeConfig:
     """HF Jobs plan: give each replica and the proxy a free port of this machine instead of
     `port`, for jobs that share one host (tests/hf_jobs_emulator.py runs the plan here); on HF
     Jobs every job has a network of its own, so all can use `port`."""
+    network_group: bool = False
+    """HF Jobs: the run's jobs join one network group (huggingface_hub's `network_group`), so the
+    trainer's proxy reaches the replicas inside it rather than through the public jobs proxy
+    (no response-hold limit, no bearer). The public URLs stay for the launcher's health checks
+    and are the fallback where huggingface_hub has no network groups. Off by default: not yet
+    run on the real Hub."""
     steps: int | None = None
     """The trainer's optimizer steps (train-async's and train-trl-async's `--steps`; default: the
     blog's 500 on GPU flavors, the trainer's own default otherwise). The forecast simulates it."""

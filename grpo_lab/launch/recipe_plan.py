@@ -42,6 +42,7 @@ from .specs import (
     JobSpec,
     RunPlan,
     is_gpu_flavor,
+    network_group_name,
     package_wheel_name,
     shell_join,
     url_of,
@@ -287,4 +288,5 @@ def _hf_jobs_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str])
         volumes=[BucketMount(cfg.bucket, mount, read_only=False)],
         flavor=trainer_flavor, image=trainer_image,
         timeout=cfg.timeout, depends_on=[j.name for j in jobs]))
-    return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads)
+    return RunPlan(jobs, name=run_name, backend="hf-jobs", uploads=uploads,
+                   network_group=network_group_name(run_name) if cfg.network_group else None)

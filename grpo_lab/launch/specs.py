@@ -32,6 +32,18 @@ def url_of(job_name: str) -> str:
     return f"{{url:{job_name}}}"
 
 
+def group_url(job_name: str, port: int) -> str:
+    """A job's URL inside an HF Jobs network group: its alias behind the prefix the Hub puts in
+    every member's environment (expanded by the shell of the job that calls it)."""
+    return f"http://${{HF_NETWORK_GROUP_PREFIX}}{job_name}:{port}"
+
+
+def network_group_name(run_name: str) -> str:
+    """A run name as the Hub takes a network group's: lowercase alphanumerics and dashes, 46
+    characters at most."""
+    return re.sub(r"[^a-z0-9-]", "-", run_name.lower())[:46].strip("-") or "grpo-lab"
+
+
 def shell_join(args: list[str]) -> str:
     """shlex.join, but a bare `{url:<job>}` placeholder stays unquoted (a URL needs no quotes)."""
     return " ".join(a if URL_PLACEHOLDER.fullmatch(a) else shlex.quote(a) for a in args)
@@ -170,6 +182,9 @@ class RunPlan:
     uploads: list[tuple[str, str]] = field(default_factory=list)
     """Files put into the bucket before any job starts: (local file, or PACKAGE_WHEEL for a
     wheel of this grpo_lab built at submission; destination `hf://buckets/...` path)."""
+    network_group: str | None = None
+    """HF Jobs: the network group every job joins, each claiming its name as an alias; a job
+    then reaches another at `group_url` instead of its public exposed URL (None: public URLs)."""
 
     def __post_init__(self):
         seen: set[str] = set()
