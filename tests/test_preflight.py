@@ -34,7 +34,7 @@ def emulated(tmp_path, **knobs) -> tuple[HfJobsEmulator, dict]:
     config = RecipeConfig(backend="hf-jobs", bucket=f"hf://buckets/{BUCKET_ID}", run_name="pf",
                           mount_path=str(emulator.bucket_dir(BUCKET_ID)), free_ports=True)
     options = {"config": config, "api": emulator, "read_bucket": emulator.read_bucket_file,
-               "poll_s": 0.2, "timeout_s": 120, "watch_timeout_s": 30.0,
+               "poll_s": 0.2, "timeout_s": 120, "watch_timeout_s": 30.0, "holds_s": (0.5,),
                "launcher_options": {"upload": emulator.upload,
                                     "exposed_url": emulator.exposed_url,
                                     "environ": {"HF_TOKEN": TOKEN}}}
@@ -47,6 +47,7 @@ def test_preflight_runs_end_to_end_as_local_processes(tmp_path):
     assert report.ok, report.describe()
     checks = {f.check: f for f in report.findings}
     assert report.findings[0].check == "directory rename"
+    assert checks["response hold"].message == "a response held 1 s came back (the longest tried)"
     assert "HTTP 200" in checks["reached with the token"].message
     assert "HTTP 401" in checks["refused without a token"].message
     assert "HTTP 401" in checks["refused with a wrong token"].message
@@ -99,12 +100,12 @@ def test_a_mount_without_rename_fails_first_and_the_recipe_never_starts(tmp_path
     assert "ok   whole-file write" in out and "ok   mount visibility" in out
 
 
-def _results(**reach) -> dict:
+def _results(hold: dict | None = None, **reach) -> dict:
     works = {"ok": True, "error": None}
     answers = {"token": {"status": 200, "body": {"ok": True}},
                "no_token": {"status": 401}, "wrong_token": {"status": 401}, **reach}
     return {"mount": dict.fromkeys(("whole_file_write", "folder", "rename", "overwrite"), works),
-            "reach": answers}
+            "reach": answers, **({"hold": hold} if hold else {})}
 
 
 def test_a_port_that_serves_without_the_token_fails_the_report():
@@ -206,3 +207,16 @@ def test_a_missing_or_read_only_mount_is_named_in_the_report(tmp_path):
     report = report_from_results(None, None, 30, logs={TRAINER: read_only.stdout})
     missing = next(f for f in report.findings if f.check == "trainer-probe")
     assert "its log ends: [trainer-probe] cannot write in the bucket mount" in missing.message
+
+
+def test_the_response_hold_names_the_limit_a_completion_must_meet():
+    """Job A asks job B to hold its answer 30, 90, then 180 s; a path that cuts the 180 s one
+    (a proxy's hold limit) is named with the limit it leaves a completion, and a path that cuts
+    even the shortest fails the preflight."""
+    cut = report_from_results(_results(hold={"longest_held_s": 90.0, "cut_at_s": 180.0}),
+                              {"seen": True, "lag_s": 1.0}, 30)
+    hold = next(f for f in cut.findings if f.check == "response hold")
+    assert hold.ok and cut.ok and "a completion must return within ~90 s" in hold.message
+    none = report_from_results(_results(hold={"longest_held_s": None, "cut_at_s": 30.0}),
+                               {"seen": True, "lag_s": 1.0}, 30)
+    assert not none.ok and [f.check for f in none.findings if not f.ok] == ["response hold"]

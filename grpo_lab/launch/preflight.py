@@ -40,6 +40,10 @@ FLAVOR = "cpu-basic"
 """Both preflight jobs on HF Jobs: the cheapest flavor; nothing here needs a GPU."""
 LOCAL_TOKEN_ENV = "PREFLIGHT_TOKEN"
 """Locally the bearer token is made up per run; on HF Jobs it is HF_TOKEN, as the proxy sends."""
+HOLDS_S = {"local": (0.5, 1.0), "hf-jobs": (30.0, 90.0, 180.0)}
+"""How long job B holds a response in turn, job A waiting for each: the longest that comes back
+through the path a completion takes (on HF Jobs the public jobs proxy) bounds a completion's
+duration. A 3,000-token completion at ~30 tokens/s takes about 100 s."""
 WATCH_TIMEOUT_S = {"local": 30.0, "hf-jobs": 300.0}
 """How long job B watches its mount for job A's write (hf-mount polls every 30 s or so)."""
 
@@ -56,9 +60,12 @@ class Preflight:
 
 
 def preflight_plan(config: RecipeConfig | None = None, *, nonce: str | None = None,
-                   watch_timeout_s: float | None = None, **fields) -> Preflight:
-    """The two jobs for `config`'s backend and bucket (its other settings are the recipe's)."""
+                   watch_timeout_s: float | None = None, holds_s: tuple[float, ...] | None = None,
+                   **fields) -> Preflight:
+    """The two jobs for `config`'s backend and bucket (its other settings are the recipe's).
+    `holds_s`: the response holds job A asks for (default HOLDS_S; () skips the measure)."""
     cfg = replace(config or RecipeConfig(), **fields)
+    holds = HOLDS_S.get(cfg.backend, ()) if holds_s is None else holds_s
     run = cfg.run_name or time.strftime("recipe-%Y%m%d-%H%M%S")
     sub = f"{run}/preflight-{nonce or uuid.uuid4().hex[:8]}"  # fresh: no stale beacon is seen
     watch = watch_timeout_s or WATCH_TIMEOUT_S.get(cfg.backend, 300.0)
@@ -71,7 +78,7 @@ def preflight_plan(config: RecipeConfig | None = None, *, nonce: str | None = No
         folder, port, token_env = f"{bucket}/{sub}", free_port(), LOCAL_TOKEN_ENV
         probes = [sys.executable, "-m", "grpo_lab.launch.preflight_probes"]
         commands = ([*probes, *_replica_args(folder, port, token_env, watch, serve_s=3600)],
-                    [*probes, *_trainer_args(folder, token_env, reach_s=60)])
+                    [*probes, *_trainer_args(folder, token_env, reach_s=60, holds=holds)])
         job = {"volumes": [BucketMount(str(bucket), str(bucket))], "secrets": [token_env]}
         plan = {"backend": "local"}
         health, where = f"http://127.0.0.1:{port}/health", folder
@@ -90,7 +97,7 @@ def preflight_plan(config: RecipeConfig | None = None, *, nonce: str | None = No
             return ["bash", "-c", f"set -e\n{wait}\nexec {run_it}\n"]
 
         commands = (in_bash(_replica_args(folder, port, token_env, watch, serve_s=1500)),
-                    in_bash(_trainer_args(folder, token_env, reach_s=900)))
+                    in_bash(_trainer_args(folder, token_env, reach_s=900, holds=holds)))
         job = {"volumes": [BucketMount(cfg.bucket, root)], "secrets": [token_env],
                "flavor": FLAVOR, "image": CPU_IMAGE, "timeout": "30m"}
         plan = {"backend": "hf-jobs", "uploads": [(str(PROBES_FILE), f"{where}/probes.py")]}
@@ -109,9 +116,10 @@ def _replica_args(folder: str, port: int, token_env: str, watch_s: float, serve_
             "--watch-timeout-s", f"{watch_s:g}", "--serve-timeout-s", f"{serve_s:g}"]
 
 
-def _trainer_args(folder: str, token_env: str, reach_s: float):
+def _trainer_args(folder: str, token_env: str, reach_s: float, holds: tuple[float, ...] = ()):
     return ["trainer", "--dir", folder, "--url", url_of(REPLICA), "--token-env", token_env,
-            "--reach-timeout-s", f"{reach_s:g}"]
+            "--reach-timeout-s", f"{reach_s:g}",
+            *(["--holds-s", ",".join(f"{h:g}" for h in holds)] if holds else [])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +195,19 @@ def _reach_finding(check: str, answer: dict, refused: bool) -> Finding:
                    "(on HF Jobs an HF_TOKEN with read access); check the job is running")
 
 
+def _hold_finding(hold: dict) -> Finding:
+    """The response hold: how long a request may stay open on the path to a replica."""
+    held, cut = hold["longest_held_s"], hold["cut_at_s"]
+    if held is None:
+        return Finding("response hold", False, f"a response held {cut:g} s was cut on the way",
+                       "completions must return faster than that: shorter completions "
+                       "(--max-completion-length), or --network-group (no public proxy)")
+    limit = (f"; one held {cut:g} s was cut: a completion must return within ~{held:g} s "
+             "(shorter completions, or --network-group)" if cut is not None
+             else " (the longest tried)")
+    return Finding("response hold", True, f"a response held {held:g} s came back{limit}")
+
+
 def _log_end(logs: dict[str, str] | None, name: str) -> str:
     """'; its log ends: ...' with the last lines of job `name`'s log, if there is one."""
     lines = [line for line in (logs or {}).get(name, "").splitlines() if line.strip()][-3:]
@@ -212,6 +233,8 @@ def report_from_results(trainer: dict | None, replica: dict | None,
             message = f"works; {why}" if found["ok"] else f"refused ({found['error']}); {why}"
             findings.append(Finding(check, found["ok"], message, fix))
         reach = trainer["reach"]
+        if trainer.get("hold"):
+            findings.append(_hold_finding(trainer["hold"]))
         findings.append(_reach_finding("reached with the token", reach["token"], refused=False))
         findings.append(_reach_finding("refused without a token", reach["no_token"], refused=True))
         findings.append(_reach_finding("refused with a wrong token", reach["wrong_token"],

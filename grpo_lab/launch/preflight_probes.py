@@ -111,12 +111,33 @@ def reach_replica(url: str, token: str, timeout_s: float) -> dict:
             "wrong_token": http_status(probe, token + "-wrong"), "token": http_status(probe, token)}
 
 
+def measure_hold(url: str, token: str, holds_s: list[float]) -> dict:
+    """How long the path to job B holds an open request: ask B to answer only after each of
+    `holds_s` seconds in turn (longest last) and stop at the first answer that does not come
+    back. On HF Jobs the public jobs proxy sits on that path; a completion that takes longer
+    than it holds is cut there."""
+    tried = []
+    for hold in holds_s:
+        got = http_status(f"{url.rstrip('/')}/hold/{hold:g}", token, timeout_s=hold + 60)
+        tried.append({"hold_s": hold, "status": got.get("status"), "error": got.get("error")})
+        if got.get("status") != 200:
+            break
+    held = [t["hold_s"] for t in tried if t["status"] == 200]
+    cut = [t for t in tried if t["status"] != 200]
+    return {"tried": tried, "longest_held_s": max(held) if held else None,
+            "cut_at_s": cut[0]["hold_s"] if cut else None}
+
+
 def run_trainer(args) -> int:
     os.makedirs(args.dir, exist_ok=True)
     mount = check_mount(args.dir)
+    token = os.environ[args.token_env]
     result = {"role": "trainer", "mount": mount,
               "beacon": publish_beacon(args.dir, renames=mount["rename"]["ok"]),
-              "reach": reach_replica(args.url, os.environ[args.token_env], args.reach_timeout_s)}
+              "reach": reach_replica(args.url, token, args.reach_timeout_s)}
+    if args.holds_s:  # after the reach: B answers by then
+        result["hold"] = measure_hold(args.url, token,
+                                      sorted(float(h) for h in args.holds_s.split(",")))
     write_whole(os.path.join(args.dir, RESULT.format(role="trainer")), result)
     print(json.dumps(result), flush=True)
     return 0
@@ -139,6 +160,10 @@ def make_handler(token: str):
             if self.path != "/health" and not bearer_matches(self.headers.get("Authorization"),
                                                              token):
                 return self._send(401, {"error": "missing or wrong bearer token"})
+            if self.path.startswith("/hold/"):  # answer only after that many seconds
+                held = min(float(self.path.rsplit("/", 1)[1]), 900.0)
+                time.sleep(held)
+                return self._send(200, {"ok": True, "held_s": held})
             self._send(200, {"ok": True, "path": self.path})
 
         def _send(self, status: int, body: dict) -> None:
@@ -219,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = sub.add_parser("trainer", help="job A: write into the mount, reach job B")
     trainer.add_argument("--url", required=True)
     trainer.add_argument("--reach-timeout-s", type=float, default=600.0)
+    trainer.add_argument("--holds-s", default="",
+                         help="comma-separated seconds job B holds a response in turn (the "
+                              "path's hold limit); empty = skip")
     for role in (replica, trainer):
         role.add_argument("--dir", required=True, help="the run's preflight folder in the mount")
         role.add_argument("--token-env", required=True, help="env var holding the bearer token")
