@@ -68,7 +68,7 @@ def test_plots_draw_the_records():
 def test_replica_ratios_pins_the_deviation_on_the_replica(monkeypatch):
     import torch
 
-    from grpo_lab.algo import grpo_loss
+    from grpo_lab.algo import logprobs
 
     def answer(logps):  # one completion of two tokens, its served logprobs
         return {"choices": [{"prompt_token_ids": [1], "token_ids": [2, 3],
@@ -76,7 +76,7 @@ def test_replica_ratios_pins_the_deviation_on_the_replica(monkeypatch):
 
     answers = [(answer([-1.0, -1.0]), "A"), (answer([-1.0, -1.5]), "B")]
     trainer = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])  # the policy agrees with A only
-    monkeypatch.setattr(grpo_loss, "policy_logprobs",
+    monkeypatch.setattr(logprobs, "policy_logprobs",
                         lambda model, *args: trainer if model == "policy" else trainer - 0.5)
     per = routing_plots.replica_ratios(answers, "policy", "base", pad_id=0)
     assert per["samples"] == {"A": 1, "B": 1} and per["deviation"]["A"] == 0
