@@ -36,8 +36,8 @@ class DoctorCallback(TrainerCallback):
         dataset = getattr(train_dataloader, "dataset", None)
         try:
             prompt = dataset[0]["prompt"]
-        except (TypeError, KeyError, IndexError):  # no dataset, or not TRL's `prompt` column
-            return
+        except Exception:  # no dataset, one read only by iterating (TRL's async trainer's),
+            return        # or not TRL's `prompt` column: the check is skipped, training goes on
         tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's
         finding = chat_template_finding(tokenizer, prompt) if tokenizer is not None else None
         if finding is not None:
