@@ -429,9 +429,6 @@ def test_a_jobs_timeout_follows_the_forecast(tmp_path, capsys):
     assert "would be killed" in capsys.readouterr().err
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def test_the_install_holds_the_images_own_versions(tmp_path):
     """The job's install, resolved offline against an "image" (this environment, with grpo_lab's
     dependencies installed): under the image's own versions as constraints the wheel installs
@@ -439,12 +436,9 @@ def test_the_install_holds_the_images_own_versions(tmp_path):
     instead of replacing the image's package."""
     import sys
 
-    out = tmp_path / "wheel"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = out.glob("grpo_lab-*.whl")
+    from grpo_lab.launch.hf_jobs import build_package_wheel
+
+    wheel = build_package_wheel(tmp_path / "wheel", isolated=False)  # the jobs' own wheel
     pins = tmp_path / "pins.txt"
     listed = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze",
                              "--exclude-editable"], capture_output=True, text=True, timeout=120)
