@@ -8,10 +8,11 @@ import torch
 
 from grpo_lab.data.completions import Completions
 from grpo_lab.data.tasks import Problem
+from grpo_lab.rollout.groups import SampledGroups
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.dynamic_sampling import sample_with_signal
-from grpo_lab.train.rollout_batch import SampledGroups, zero_std_groups
+from grpo_lab.train.rollout_batch import zero_std_groups
 from grpo_lab.train.trainer import GRPOTrainer
 
 G = 3

@@ -24,7 +24,7 @@ from grpo_lab.rollout.generators import LocalGenerator
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.async_trainer import AsyncGRPOTrainer
 from grpo_lab.train.config import GRPOConfig
-from grpo_lab.train.sampler_pass import ProximalLogprobs
+from grpo_lab.train.grpo_step import ProximalLogprobs
 from grpo_lab.train.trainer import GRPOTrainer
 
 SAMPLING_METRICS = {"sampling/sampling_logp_difference/mean",

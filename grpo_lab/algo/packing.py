@@ -243,7 +243,8 @@ def accumulate_grpo_loss(
     `before_each` runs before each forward pass (the async trainer uses it to pick thread counts).
     `on_logprobs(mb, logps)` gets each micro-batch's logprobs, detached, between its forward and
     its loss: the policy's before this step's update, so a hook may set the micro-batch's
-    `old_logps` and `advantages` from them (grpo_lab.train.sampler_pass) at no extra pass.
+    `old_logps` and `importance_weights` from them (grpo_lab.train.grpo_step.ProximalLogprobs)
+    at no extra pass.
     `processes` (grpo_lab.train.distributed.Processes, several under `accelerate launch`): the
     micro-batches are this process's share of the step; `model` is the wrapped (DDP/FSDP2) one.
     """

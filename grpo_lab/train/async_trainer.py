@@ -22,20 +22,20 @@ import warnings
 
 import torch
 
-from ..algo.grpo_loss import group_advantages
+from ..algo.sampler_correction import sampler_kl
 from ..data.completions import Completions
 from ..data.prompts import encode_prompts
 from ..rollout.buffer import RolloutBuffer
 from ..rollout.generators import Generator, LocalGenerator
-from ..rollout.groups import ScoredGroup, concat_groups, split
+from ..rollout.groups import SampledGroups, split
 from ..watch.async_metrics import async_reward_names, buffer_metrics, inline_metrics
+from . import grpo_step
 from .async_config import AsyncGRPOConfig
 from .rollout_batch import RolloutBatch, rollout_metrics
-from .sampler_pass import ProximalLogprobs, SamplerPass
 from .trainer import GRPOTrainer
 
 
-class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
+class AsyncGRPOTrainer(GRPOTrainer):
     """GRPO with generation in a background thread.
 
     `train()` starts the worker after the initial evaluation and stops it at the end, even on
@@ -63,7 +63,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         self.worker_tokenizer = copy.deepcopy(self.tokenizer)
         self.version = 0  # published by the first step (`publish_current`)
         self._published = threading.Condition()  # the worker waits here for a newer version
-        self.buffer: RolloutBuffer[ScoredGroup] | None = None
+        self.buffer: RolloutBuffer[SampledGroups] | None = None
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         # Set while the worker computes (stages 1-3), clear while it waits (admission, full buffer).
@@ -81,8 +81,8 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
 
     # ------------------------------------------------------------------ stages 1-3 (the worker)
 
-    def produce(self, version: int) -> list[ScoredGroup]:
-        """Sample, score and compute advantages for one step's prompts with policy `version`."""
+    def produce(self, version: int) -> list[SampledGroups]:
+        """Sample and score one step's prompts with policy `version`: a group per prompt."""
         cfg = self.config
         problems = self.task.sample_batch(self.rng, cfg.prompts_per_step)
         prompt_ids = encode_prompts(self.worker_tokenizer, [p.prompt for p in problems],
@@ -92,15 +92,9 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
             prompt_ids, version=version, num_generations=cfg.num_generations,
             max_new_tokens=self.max_new_tokens, temperature=cfg.temperature)
         rewards, parts = self.score(problems, out)  # Stage 2
-        advantages = group_advantages(rewards, cfg.num_generations,  # Stage 3, group by group
-                                      scale_by_std=cfg.scale_rewards)
         self._counters["gen_s"] += time.perf_counter() - start
         self._counters["gen_tokens"] += out.num_tokens
-        G = cfg.num_generations
-        rows = [slice(k * G, (k + 1) * G) for k in range(len(problems))]
-        return [ScoredGroup(p, out[r], rewards[r], advantages[r],
-                            {name: v[r] for name, v in parts.items()})
-                for p, r in zip(problems, rows)]
+        return SampledGroups(problems, out, rewards, parts).per_problem()
 
     def _rollout_loop(self, first_batch: int) -> None:
         cfg = self.config
@@ -206,10 +200,10 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
 
     # ------------------------------------------------------------------ stage 4 (the trainer)
 
-    def collate(self, groups: list[ScoredGroup]) -> tuple[RolloutBatch, Completions, dict]:
-        out, rewards, advantages, parts = concat_groups(groups)
-        batch = RolloutBatch.from_completions(out, rewards, advantages, self.tokenizer.pad_token_id)
-        return batch.to(self.device), out, parts
+    def collate(self, groups: list[SampledGroups]) -> tuple[RolloutBatch, Completions, dict]:
+        """Stage 3 on the step's groups (grpo_step.to_batch): the batch, its completions and
+        each reward function's scores."""
+        return self.make_batch([], SampledGroups.concat(groups))
 
     def _set_threads(self, count: int) -> None:
         """The calling thread's torch threads, on the CPU only: on a GPU the kernels run there
@@ -225,35 +219,22 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         self._set_threads(wanted)
 
     def optimize(self, batch: RolloutBatch) -> dict[str, float]:
-        """Stage 4 over token-budget micro-batches; same loss and gradient as one pass."""
+        """Stage 4 (grpo_step.update) over token-budget micro-batches, packed when
+        `pack_sequences`, the thread count picked before each forward pass."""
         cfg = self.config
-        micro_batches = self.micro_batches(batch, cfg.token_budget, packed=cfg.pack_sequences,
-                                           row_tokens=cfg.pack_row_tokens)
-        ref_logps = None
-        if cfg.beta > 0:
-            with self.reference() as ref:
-                ref_logps = self._no_grad_logprobs(ref, micro_batches, pick_threads=False)
-        # pi_old: the first update's forward, before any change (and the correction with it).
-        proximal = ProximalLogprobs(self, batch)
-        metrics: dict[str, float] = {}
-        optimizer_s = 0.0
-        for iteration in range(cfg.num_iterations):
-            loss, metrics = self.accumulate(micro_batches, ref_logps,
-                                            proximal if iteration == 0 else None)
-            start = time.perf_counter()
-            metrics.update(loss=loss, grad_norm=self.apply_gradients())
-            optimizer_s += time.perf_counter() - start
-        if "kl" in metrics:  # beta > 0: grpo_loss's reference KL; `kl` is the sampler's here
-            metrics["ref_kl"] = metrics.pop("kl")
-        correction = self.sampler_metrics(batch, proximal.logps)
-        if self.processes.distributed:  # the step's, over every process's share
-            correction = self.processes.combine_metrics(correction,
-                                                        float(batch.completion_mask.sum()))
-        metrics.update(correction)
-        metrics["perf/optimizer_s"] = optimizer_s
-        metrics["batch/microbatches_per_step"] = self.processes.passes(len(micro_batches))
-        metrics.update(self.step_work(batch, micro_batches))  # every process's
-        return metrics
+        return grpo_step.update(self, batch, before_each=self._pick_threads,
+                                packed=cfg.pack_sequences, row_tokens=cfg.pack_row_tokens)
+
+    def sampler_metrics(self, batch: RolloutBatch, pi_old: torch.Tensor) -> dict[str, float]:
+        """TRL AsyncGRPOTrainer's `kl` (the k3 estimate of KL(pi_sampler || pi_old), whatever
+        beta; with beta > 0 the reference KL is `ref_kl`), and with
+        `vllm_importance_sampling_correction` TRL's `sampling/*`, over the whole batch.
+
+        `batch.old_logps` are the sampler's (the generator's, a server's over HTTP); `pi_old` is
+        the trainer's before this step's update. At staleness 0 the two differ only by numeric
+        mismatch (TRL's case); at staleness k they also carry the k versions' drift."""
+        kl = sampler_kl(pi_old, batch.old_logps, batch.completion_mask)
+        return {"kl": kl, **super().sampler_metrics(batch, pi_old)}
 
     def publish(self) -> float:
         """Publish the trainer's weights as version v+1; returns the seconds it took."""
@@ -280,16 +261,14 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
         got = time.perf_counter()
         mine = self.processes.scatter(split(groups, self.processes.num_processes)
                                       if self.processes.is_main else None)
-        batch, out, parts = self.collate(mine)
+        batch, _, _ = self.collate(mine)
         metrics = self.optimize(batch)
         trained = time.perf_counter()
         self.step_count += 1
-        rewards = batch.rewards
-        if self.processes.distributed and self.processes.is_main:  # the step's, every share
-            out, rewards, _, parts = concat_groups(groups)
-        if self.processes.is_main:
-            self.completion_log.log(self.step_count, [g.problem for g in groups], out,
-                                    rewards.cpu(), parts)
+        if self.processes.is_main:  # the step's, from every process's share
+            step = SampledGroups.concat(groups)
+            out, rewards, parts = step.out, step.rewards, step.parts
+            self.completion_log.log(self.step_count, step.problems, out, rewards.cpu(), parts)
         sync_s = 0.0
         if not cfg.asynchronous or self.step_count % cfg.weight_sync_steps == 0:
             sync_s = self.publish()
@@ -319,7 +298,7 @@ class AsyncGRPOTrainer(SamplerPass, GRPOTrainer):
             metrics["rollout/inflight_max"] = self.generator.pop_inflight_peak()
         return metrics
 
-    def next_groups(self, start: float) -> tuple[list[ScoredGroup], list[int], dict]:
+    def next_groups(self, start: float) -> tuple[list[SampledGroups], list[int], dict]:
         """The step's groups (from the buffer, or generated now in sync mode), their staleness
         and the pipeline's metrics. The main process's job when there are several."""
         cfg = self.config

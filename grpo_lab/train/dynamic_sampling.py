@@ -12,7 +12,8 @@ import math
 from collections.abc import Callable
 
 from ..data.tasks import Problem
-from .rollout_batch import SampledGroups, zero_std_groups
+from ..rollout.groups import SampledGroups
+from .rollout_batch import zero_std_groups
 
 
 def sample_with_signal(

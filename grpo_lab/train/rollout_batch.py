@@ -1,6 +1,6 @@
-"""One step's rollouts as the trainer holds them: scored groups (`SampledGroups`), padded tensors
-(`RolloutBatch`), the step's reward and completion metrics (TRL's names), and the step gathered
-from every trainer process."""
+"""One step's rollouts as the trainer holds them: padded tensors (`RolloutBatch`, from the
+scored groups of grpo_lab.rollout.groups), the step's reward and completion metrics (TRL's
+names), and the step gathered from every trainer process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 
 from ..data.completions import Completions
 from ..data.reward_set import RewardSet
-from ..data.tasks import Problem
 from .distributed import Processes
 
 
@@ -34,33 +33,6 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B,) rewards -> (B / G,) bool: True for a group whose G rewards are all equal (advantage 0
     for each: no learning signal)."""
     return rewards.view(-1, group_size).std(dim=1) == 0
-
-
-@dataclass
-class SampledGroups:
-    """Problems with their G completions each and the completions' rewards: Stages 1-2's output,
-    prompt-major (group k is rows k*G .. k*G+G-1)."""
-
-    problems: list[Problem]
-    out: Completions
-    rewards: torch.Tensor  # (B,)
-    parts: dict[str, torch.Tensor]  # each reward function's scores, (B,) each
-
-    def groups(self, keep: list[int]) -> SampledGroups:
-        """The groups `keep` (indices into `problems`), in that order."""
-        G = len(self.out) // max(len(self.problems), 1)
-        rows = torch.tensor([k * G + j for k in keep for j in range(G)], dtype=torch.long)
-        return SampledGroups([self.problems[k] for k in keep],
-                             Completions.concat([self.out[k * G:(k + 1) * G] for k in keep]),
-                             self.rewards[rows], {n: v[rows] for n, v in self.parts.items()})
-
-    @classmethod
-    def concat(cls, parts: list[SampledGroups]) -> SampledGroups:
-        """Several SampledGroups as one, in the order given (all with the same reward names)."""
-        return cls([p for part in parts for p in part.problems],
-                   Completions.concat([part.out for part in parts]),
-                   torch.cat([part.rewards for part in parts]),
-                   {n: torch.cat([part.parts[n] for part in parts]) for n in parts[0].parts})
 
 
 @dataclass

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..algo.grpo_loss import group_advantages
 from ..algo.shared_prompt import supports_shared_prompt
 from ..bucket.checkpoint import Checkpoints, full_state
 from ..data.completions import Completions
@@ -29,21 +28,22 @@ from ..data.prompts import render_prompt
 from ..data.reward_set import RewardSet
 from ..data.tasks import Problem
 from ..model.evaluation import greedy_answers
-from ..model.generation import generate_completions
 from ..model.models import load_model_and_tokenizer
+from ..rollout.groups import SampledGroups
 from ..util.devices import resolve_device, resolve_dtype
 from ..watch.doctor import chat_template_finding, make_doctor
+from ..watch.flops import peak_flops
 from ..watch.metrics import MetricsLogger, format_step, read_metrics, set_aside_earlier_run
 from ..watch.reporters import make_reporters
 from ..watch.samples import CompletionLog
+from ..watch.step_metrics import throughput_metrics
+from . import grpo_step
 from .config import GRPOConfig, config_from_trl_arguments
 from .distributed import Processes
 from .dynamic_sampling import sample_with_signal
 from .policy_model import prepare_policy, resolve_model_path
-from .policy_update import PolicyUpdate
 from .rollout_batch import (
     RolloutBatch,
-    SampledGroups,
     gather_samples,
     rollout_metrics,
 )
@@ -52,7 +52,7 @@ CAPPED_WARNING = 0.5
 """The share of a step's completions cut at `max_new_tokens` from which the trainer warns."""
 
 
-class GRPOTrainer(PolicyUpdate):
+class GRPOTrainer:
     """Synchronous GRPO. `train()` runs `config.steps` steps and returns the metric records.
 
     `GRPOTrainer(config)`, or with a loaded `model` (and its `tokenizer`). TRL's form works too:
@@ -109,7 +109,7 @@ class GRPOTrainer(PolicyUpdate):
         # How prompts become ids, in training and evaluation alike (grpo_lab.data.prompts).
         self.prompt_format = {"system_prompt": config.system_prompt,
                               "chat_template": config.chat_template}
-        self.model = self._prepare_model(model.to(self.device))
+        self.model = prepare_policy(model.to(self.device), config)  # LoRA, checkpointing
         self.share_prompts = config.shared_prompt and supports_shared_prompt(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         # torch's fused AdamW (TRL's default, `adamw_torch_fused`): one pass over each weight,
@@ -147,51 +147,72 @@ class GRPOTrainer(PolicyUpdate):
 
     resolve_model_path = staticmethod(resolve_model_path)
 
-    def _prepare_model(self, model):
-        return prepare_policy(model, self.config)
-
     # ------------------------------------------------------------------ the algorithm
 
     def make_batch(self, problems: list[Problem], sampled: SampledGroups | None = None
                    ) -> tuple[RolloutBatch, Completions, dict]:
-        """Stages 1-3: sample, score, and compute advantages for a list of problems (`sampled`:
-        theirs, already sampled and scored); returns the batch, the completions and each reward
-        function's scores."""
+        """Stages 1-3 for a list of problems (`sampled`: theirs, already sampled and scored);
+        returns the batch, the completions and each reward function's scores."""
         sampled = self.sample(problems) if sampled is None else sampled
-        # Stage 3: group-relative advantages.
-        advantages = group_advantages(sampled.rewards, self.config.num_generations,
-                                      scale_by_std=self.config.scale_rewards)
-        batch = RolloutBatch.from_completions(sampled.out, sampled.rewards, advantages,
-                                              self.tokenizer.pad_token_id)
-        return batch.to(self.device), sampled.out, sampled.parts
+        return grpo_step.to_batch(self, sampled), sampled.out, sampled.parts
+
+    # The steps of grpo_lab.train.grpo_step, as methods a subclass (or a notebook) may replace.
 
     def sample(self, problems: list[Problem]) -> SampledGroups:
-        """Stages 1-2: G completions per problem, with the sampling policy's per-token logprobs,
-        and their rewards."""
-        self.model.eval()
-        with self.autocast():
-            out = generate_completions(
-                self.model, self.tokenizer, [p.prompt for p in problems],
-                max_new_tokens=self.max_new_tokens, num_generations=self.config.num_generations,
-                temperature=self.config.temperature, **self.prompt_format,
-            )
-        self.model.train()
-        rewards, parts = self.score(problems, out)
-        return SampledGroups(problems, out, rewards, parts)
+        """Stages 1-2 (grpo_step.sample)."""
+        return grpo_step.sample(self, problems)
 
     def score(self, problems: list[Problem], out: Completions
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Stage 2: (rewards, each reward function's scores), each (B,), for G completions per
-        problem. The advantages (stage 3) come once the step's groups are chosen (`make_batch`;
-        with dynamic sampling some are dropped first)."""
-        G = self.config.num_generations
-        # The weighted sum of the reward functions, one value per completion (answers and
-        # prompts repeated G times, prompt-major).
-        answers = [p.answer for p in problems for _ in range(G)]
-        prompts = [p.prompt for p in problems for _ in range(G)]
-        columns = [p.columns for p in problems for _ in range(G)]  # the dataset's other columns
-        return self.rewards.score(out.texts, answers, prompts,
-                                  completion_ids=out.completion_ids, columns=columns)
+        """Stage 2 (grpo_step.score)."""
+        return grpo_step.score(self, problems, out)
+
+    def optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        """Stage 4 (grpo_step.update): `num_iterations` clipped-surrogate updates on one batch
+        over micro-batches of at most `token_budget` forward tokens.
+
+        With `vllm_importance_sampling_correction` the ratio is taken against the trainer's own
+        logprobs before the first update (TRL's old_per_token_logps) and each token's loss is
+        weighted by pi_old / pi_sampler. Here the sampler is this very model, so the weights are
+        1 up to float rounding: the `sampling/*` metrics show that gap."""
+        return grpo_step.update(self, batch)
+
+    def micro_batches(self, batch: RolloutBatch, token_budget: int | None = None, **packing):
+        return grpo_step.micro_batches(self, batch, token_budget, **packing)
+
+    def apply_gradients(self) -> float:
+        """Clip, set the learning rate, step the optimizer; the gradient norm before clipping."""
+        return grpo_step.apply_gradients(self)
+
+    def sampler_weights(self, old_logps: torch.Tensor, sampler_logps: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """pi_old / pi_sampler of the configured mode and cap, and TRL's `sampling/*` metrics."""
+        return grpo_step.sampler_weights(self.config, old_logps, sampler_logps, mask)
+
+    def sampler_metrics(self, batch: RolloutBatch, pi_old: torch.Tensor) -> dict[str, float]:
+        """With `vllm_importance_sampling_correction`, TRL's `sampling/*` over the whole batch
+        (`pi_old`: the trainer's logprobs before the update, (B, T)); none otherwise."""
+        if not self.config.vllm_importance_sampling_correction:
+            return {}
+        return self.sampler_weights(pi_old, batch.old_logps, batch.completion_mask)[1]
+
+    def peak_flops(self) -> float | None:
+        """One process's peak FLOP/s (grpo_lab.watch.flops): a GPU's published one, or the CPU's
+        measured once at the trainer's threads. None when unknown (no MFU is logged)."""
+        if not hasattr(self, "_peak_flops"):
+            dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+            threads = getattr(self.config, "trainer_threads", None) or torch.get_num_threads()
+            self._peak_flops = peak_flops(self.device, dtype, threads)
+        return self._peak_flops
+
+    def throughput(self, metrics: dict, fwd_bwd_s: float, step_s: float) -> dict[str, float]:
+        """Tokens per second and MFU of the step whose update went into `metrics`; none when the
+        update made no layout metrics (a subclass's own `optimize`, as notebook 01's)."""
+        if "batch/forwarded_tokens_per_step" not in metrics:
+            return {}
+        return throughput_metrics(metrics, self.config.num_iterations, fwd_bwd_s, step_s,
+                                  getattr(self, "_step_flops", None), self.peak_flops(),
+                                  self.processes.num_processes)
 
     def step(self) -> dict[str, float]:
         """One GRPO step on fresh prompts; returns its metrics."""
