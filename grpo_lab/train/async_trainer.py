@@ -203,7 +203,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def collate(self, groups: list[SampledGroups]) -> tuple[RolloutBatch, Completions, dict]:
         """Stage 3 on the step's groups (grpo_step.to_batch): the batch, its completions and
         each reward function's scores."""
-        return self.make_batch([], SampledGroups.concat(groups))
+        step = SampledGroups.concat(groups)
+        return grpo_step.to_batch(self, step), step.out, step.parts
 
     def _set_threads(self, count: int) -> None:
         """The calling thread's torch threads, on the CPU only: on a GPU the kernels run there
