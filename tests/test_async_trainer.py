@@ -6,6 +6,7 @@ samples, and a pytest timeout, so a lost wake-up fails instead of hanging.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -263,3 +264,26 @@ def test_every_async_metric_is_in_the_glossary_and_the_trl_mapping(tiny_model_di
     mapped = [r.ours for r in TRL_ASYNC_NAMES if r.ours]
     unmapped = [n for n in logged if not any(fnmatch(glossary_name(n), m) for m in mapped)]
     assert not unmapped, f"no row in grpo_lab.watch.metric_names.TRL_ASYNC_NAMES: {unmapped}"
+
+
+@pytest.mark.timeout(300)
+def test_a_python_run_writes_the_jobs_run_folder(tiny_model_and_tokenizer, tmp_path):
+    """`train()` with output_dir writes what `grpo-lab train-async` does: syncs.jsonl (one line
+    per version published, the first step's included) and summary.json; a second run in the same
+    folder sets the first one's aside instead of appending to its sync log."""
+    from grpo_lab.util.jsonl import read_jsonl
+
+    for _ in range(2):
+        trainer = recording_trainer(tiny_model_and_tokenizer, steps=2, eval_every=2, eval_size=4,
+                                    output_dir=str(tmp_path))
+        trainer.train()
+        syncs = read_jsonl(tmp_path / "syncs.jsonl")
+        assert [s["version"] for s in syncs] == [0, 1, 2]
+        assert all(s["sync_s"] >= 0 for s in syncs)
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["version"] == 2 and summary["syncs"] == 3
+        assert summary["samples"] == 2 * SMALL["prompts_per_step"] * SMALL["num_generations"]
+        history = trainer.accuracy_history
+        assert (summary["accuracy_before"], summary["accuracy_after"]) == (history[0][1],
+                                                                           history[-1][1])
+    assert (tmp_path / "earlier-runs" / "1" / "syncs.jsonl").is_file()

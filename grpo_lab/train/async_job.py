@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from ..util.jsonl import read_jsonl
 from ..watch.metrics import read_metrics
 from ..watch.tracking import TENSORBOARD_DIR
 from .async_config import AsyncGRPOConfig
-from .async_trainer import AsyncGRPOTrainer
+from .async_trainer import SYNC_LOG, AsyncGRPOTrainer
 from .distributed import is_main_process
 from .trainer_job import TrainerJobConfig, check_trainer_settings
 
@@ -74,22 +73,6 @@ class TrainAsyncJobConfig(TrainerJobConfig):
             raise ValueError(f"--api-key-env {self.api_key_env}: that environment variable is "
                              "not set or empty")
         return key
-
-
-class LoggedHTTPGenerator(HTTPGenerator):
-    """`HTTPGenerator` that appends each weight sync to `syncs.jsonl` as soon as it is done (and
-    copies the file whole into `published_dir`, if given: a sync log on a bucket mount)."""
-
-    def __init__(self, *args, log_path: Path, published_dir: Path | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.log_path, self.published_dir = log_path, published_dir
-
-    def publish(self, model, version: int) -> None:
-        super().publish(model, version)
-        with self.log_path.open("a") as f:
-            f.write(json.dumps(self.syncs[-1]) + "\n")
-        if self.published_dir is not None:
-            copy_whole(self.log_path.parent, self.published_dir, names=(self.log_path.name,))
 
 
 BUFFER_COUNTERS = {"dropped_stale": "sample/dropped_stale_cumulative",
@@ -230,27 +213,15 @@ class GroupCounts:
 
 
 # -- step 5: the summary -------------------------------------------------------------------------
-def summarize(trainer, generator, bucket, out: Path, latest, groups: dict,
-              accuracy_before, seconds: float, config: AsyncGRPOConfig) -> dict:
-    syncs = read_jsonl(out / "syncs.jsonl")
-    timed = [s for s in syncs if "sync_s" in s]
-    history = trainer.accuracy_history
-    return {
-        "steps": trainer.step_count,
-        "samples": trainer.step_count * config.prompts_per_step * config.num_generations,
-        "version": trainer.version,
-        "accuracy_before": accuracy_before,
-        "accuracy_after": history[-1][1] if history else None,
-        "syncs": len(syncs),
-        "sync_p50_s": statistics.median(s["sync_s"] for s in timed) if timed else None,
-        "resumed_from": latest.name if latest else None,
-        "groups": groups,
-        "retried_requests": generator.retried,
-        "inflight_peak": generator.inflight_peak,
-        "seconds": round(seconds, 1),
-        "bucket": str(bucket.root),
-        "findings": [f.as_dict() for f in trainer.logger.findings],  # the run doctor's
-    }
+def summarize(trainer: AsyncGRPOTrainer, generator: HTTPGenerator, bucket: AdapterBucket,
+              latest, groups: dict, accuracy_before, seconds: float) -> dict:
+    """The trainer's summary (AsyncGRPOTrainer.summary) with the job's: the accuracy before the
+    whole run (kept across resumes), the checkpoint it resumed from, the groups' counts, the
+    requests sent again, the in-flight peak, this job's seconds and the bucket."""
+    return {**trainer.summary(), "accuracy_before": accuracy_before,
+            "resumed_from": latest.name if latest else None, "groups": groups,
+            "retried_requests": generator.retried, "inflight_peak": generator.inflight_peak,
+            "seconds": round(seconds, 1), "bucket": str(bucket.root)}
 
 
 def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
@@ -262,13 +233,11 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
     config, out, published = prepare_run_folder(config, job)
     bucket, checkpoints, latest, state = find_checkpoint(config, job, published)
     previous = recover_logs(out, bucket, latest, state)
-    generator = LoggedHTTPGenerator(job.server_url, bucket, api_key=job.api_key,
-                                    max_staleness=config.max_staleness, seed=config.seed,
-                                    log_path=out / "syncs.jsonl", retries=job.request_retries,
-                                    published_dir=published if out != published else None,
-                                    max_inflight=job.max_inflight,
-                                    request_shape=job.request_shape,
-                                    sampling=sampling_settings(config))
+    # The trainer logs each weight sync to out/syncs.jsonl (AsyncGRPOTrainer.send_weights).
+    generator = HTTPGenerator(job.server_url, bucket, api_key=job.api_key,
+                              max_staleness=config.max_staleness, seed=config.seed,
+                              retries=job.request_retries, max_inflight=job.max_inflight,
+                              request_shape=job.request_shape, sampling=sampling_settings(config))
     try:
         trainer = AsyncGRPOTrainer(config, generator=generator)  # publishes when it starts
         trainer.logger.records = list(previous)
@@ -281,6 +250,8 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
 
         # -- step 4: train, checkpointing every `checkpoint_every` steps
         def on_step(record: dict) -> None:
+            if out != published:  # the sync log, whole, where the bucket mount shows it
+                copy_whole(out, published, names=(SYNC_LOG,))
             if job.checkpoint_every and record["step"] % job.checkpoint_every == 0:
                 # Counters at a step boundary: what is in the buffer now is not trained yet.
                 checkpoints.save(trainer, {"counters": groups.totals(),
@@ -291,8 +262,8 @@ def run_train_async(config: AsyncGRPOConfig, job: TrainAsyncJobConfig) -> dict:
         start = time.perf_counter()
         if config.steps > trainer.step_count:
             trainer.train(steps=config.steps - trainer.step_count, callback=on_step)
-        summary = summarize(trainer, generator, bucket, out, latest, groups.totals(),
-                            accuracy_before(), time.perf_counter() - start, config)
+        summary = summarize(trainer, generator, bucket, latest, groups.totals(),
+                            accuracy_before(), time.perf_counter() - start)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         if out != published:
             copy_whole(out, published, names=(*LOG_FILES, "summary.json"))

@@ -16,6 +16,8 @@ docs/metrics.md.
 from __future__ import annotations
 
 import copy
+import json
+import statistics
 import threading
 import time
 import warnings
@@ -28,11 +30,15 @@ from ..data.prompts import encode_prompts
 from ..rollout.buffer import RolloutBuffer
 from ..rollout.generators import Generator, LocalGenerator
 from ..rollout.groups import SampledGroups, split
+from ..util.jsonl import read_jsonl
 from ..watch.async_metrics import async_reward_names, buffer_metrics, inline_metrics
 from . import grpo_step
 from .async_config import AsyncGRPOConfig
 from .rollout_batch import RolloutBatch, rollout_metrics
 from .trainer import GRPOTrainer
+
+SYNC_LOG = "syncs.jsonl"
+"""One line per weight sync, in output_dir: the version, and the seconds it took."""
 
 
 class AsyncGRPOTrainer(GRPOTrainer):
@@ -143,7 +149,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if self.processes.broadcast(due):
             model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
             if self.generator is not None:
-                self.generator.publish(model, self.version)
+                self.send_weights(model, self.version)
             self._version_offset = self.version - self.step_count // self.config.weight_sync_steps
 
     def resume(self, checkpoint):
@@ -237,12 +243,54 @@ class AsyncGRPOTrainer(GRPOTrainer):
         kl = sampler_kl(pi_old, batch.old_logps, batch.completion_mask)
         return {"kl": kl, **super().sampler_metrics(batch, pi_old)}
 
+    def send_weights(self, model, version: int) -> None:
+        """The generator publishes `model` as `version` (the main process); the sync is logged
+        to `<output_dir>/syncs.jsonl`, one line per version: the generator's own timings where
+        it keeps them (HTTPGenerator's pause, load, resume), else the seconds it took."""
+        start = time.perf_counter()
+        self.generator.publish(model, version)
+        seconds = time.perf_counter() - start
+        if self.logger.path is None:
+            return
+        syncs = getattr(self.generator, "syncs", None)
+        record = syncs[-1] if syncs else {"version": version, "sync_s": seconds}
+        with (self.logger.path.parent / SYNC_LOG).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def summary(self) -> dict:
+        """The run in a few numbers, as `summary.json` has them (`train()` writes it into
+        output_dir): steps, samples, the version reached, held-out accuracy before and after,
+        the weight syncs and their median seconds, the run doctor's findings."""
+        cfg = self.config
+        history = self.accuracy_history
+        syncs = read_jsonl(self.logger.path.parent / SYNC_LOG) if self.logger.path else []
+        timed = [s["sync_s"] for s in syncs if "sync_s" in s]
+        return {
+            "steps": self.step_count,
+            "samples": self.step_count * cfg.prompts_per_step * cfg.num_generations,
+            "version": self.version,
+            "accuracy_before": history[0][1] if history else None,
+            "accuracy_after": history[-1][1] if history else None,
+            "syncs": len(syncs),
+            "sync_p50_s": statistics.median(timed) if timed else None,
+            "seconds": round(time.perf_counter() - self._started_at, 1),
+            "findings": [f.as_dict() for f in self.logger.findings],  # the run doctor's
+        }
+
+    def train(self, steps: int | None = None, callback=None, resume_from_checkpoint=None):
+        """GRPOTrainer.train, then `summary.json` in output_dir (the main process)."""
+        records = super().train(steps, callback, resume_from_checkpoint)
+        if self.logger.path is not None:
+            (self.logger.path.parent / "summary.json").write_text(
+                json.dumps(self.summary(), indent=2))
+        return records
+
     def publish(self) -> float:
         """Publish the trainer's weights as version v+1; returns the seconds it took."""
         start = time.perf_counter()
         model = self.processes.full_model(self.train_model, self.model)  # FSDP2: gathered
         if self.generator is not None:  # the main process
-            self.generator.publish(model, self.version + 1)
+            self.send_weights(model, self.version + 1)
         with self._published:
             self.version += 1
             if self._admission_needs is not None and self.version >= self._admission_needs:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..util.jsonl import read_jsonl
 
-RUN_RECORDS = ("metrics.jsonl", "findings.jsonl", "completions.jsonl", "summary.json",
-               "checkpoints")
+RUN_RECORDS = ("metrics.jsonl", "findings.jsonl", "completions.jsonl", "syncs.jsonl",
+               "summary.json", "checkpoints")
 """What a run writes about itself into its folder (config.json is written anew by each run);
 `checkpoints/` too, so that resuming never picks an earlier run's."""
 EARLIER_RUNS = "earlier-runs"
