@@ -17,6 +17,11 @@ What is measured, in the same run and against the same upstreams:
 - two proxies side by side, one per event loop (`--event-loop`, ProxyConfig.event_loop): uvloop
   (the default, whose numbers are the proxy's) and asyncio's; `uvloop_vs_asyncio` holds the
   ratios of their requests/s and CPU per request at 128 in flight.
+- a third proxy, uvloop, whose completions travel over aiohttp's `ClientSession` instead of
+  grpo_lab's own pool (grpo_lab.proxy.http_pool): the well-kept library in the hot path, side by
+  side (`pool_vs_aiohttp`: the ratios of requests/s and CPU per request at 128 in flight, and its
+  added p50). It is this script's `--serve-aiohttp-proxy` mode: `grpo-lab proxy` with the pool's
+  class swapped for `AiohttpPool` before it starts, nothing else changed.
 - with `--pin` (2+ cores; off by default, every process may run on any core): the proxies run
   on the last core, the client and the stubs on the others (os.sched_setaffinity), as a proxy
   runs beside its clients: the proxy's own cost then sets its throughput, not the share of a
@@ -56,6 +61,45 @@ except ImportError:
 
 GOALS = {"added_latency_p50_ms": 0.25, "proxy_rps_at_128": 6000.0}
 EVENT_LOOPS = ("uvloop", "asyncio")  # the proxy's two event loops (ProxyConfig.event_loop)
+PROXIES = (*EVENT_LOOPS, "aiohttp")  # and uvloop with aiohttp's client for completions
+
+
+class AiohttpPool:
+    """grpo_lab.proxy.http_pool.ConnectionPool's interface over aiohttp's ClientSession (its
+    connector keeps the connections alive and caps them), for `--serve-aiohttp-proxy`."""
+
+    def __init__(self, limit: int = 1024, headers: dict | None = None,
+                 connect_timeout_s: float = 5.0, **_):
+        self.limit, self.headers, self.connect_timeout_s = limit, headers or {}, connect_timeout_s
+        self.session = None  # made in the proxy's event loop, at the first request
+
+    async def post(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes, str]:
+        import aiohttp
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=4.0),
+                headers={"Content-Type": "application/json", **self.headers},
+                timeout=aiohttp.ClientTimeout(connect=self.connect_timeout_s))
+        async with self.session.post(url, data=body,
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+            return reply.status, await reply.read(), reply.headers.get("Content-Type", "")
+
+    def prune(self) -> None:
+        """aiohttp's connector closes idle connections itself."""
+
+    def close(self) -> None:
+        if self.session is not None:
+            asyncio.get_running_loop().create_task(self.session.close())
+
+
+def serve_aiohttp_proxy(proxy_argv: list[str]) -> int:
+    """`grpo-lab proxy` with AiohttpPool in place of its own pool."""
+    import grpo_lab.proxy.replicas as replicas
+    from grpo_lab.cli.main import main as grpo_lab_main
+
+    replicas.ConnectionPool = AiohttpPool
+    return grpo_lab_main(proxy_argv)
 TEMPLATE = list(range(151_000, 151_023))  # 23 shared tokens, as the blog's chat template
 
 
@@ -262,14 +306,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "proxy_overhead.json")
     parser.add_argument("--serve-stub", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-aiohttp-proxy", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_aiohttp_proxy is not None:
+        return serve_aiohttp_proxy(args.serve_aiohttp_proxy)
     if args.serve_stub:
         serve_stub(args.serve_stub)
         return 0
 
     import tempfile
 
-    from grpo_lab.proxy.process import start_proxy_process
+    from grpo_lab.proxy.process import READY_MARKER, proxy_args, start_proxy_process
+    from grpo_lab.serve.process import spawn_until_ready
 
     n_seq, seconds = (1000, 3.0) if args.quick else (3000, 8.0)
     bodies = make_requests()
@@ -286,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
             proxies[loop] = start_proxy_process(
                 upstreams, stats_every_s=0, event_loop=loop, log_path=tmp / f"proxy-{loop}.log",
                 env={"OMP_NUM_THREADS": "1"})
+        proxies["aiohttp"] = spawn_until_ready(
+            [sys.executable, __file__, "--serve-aiohttp-proxy",
+             *proxy_args(upstreams, "127.0.0.1", 0, stats_every_s=0, event_loop="uvloop")],
+            {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+            ready_marker=READY_MARKER, ready_path="/proxy/stats", what="proxy (aiohttp client)",
+            log_path=tmp / "proxy-aiohttp.log", startup_timeout_s=60)
         if pin:
             for handle in proxies.values():
                 os.sched_setaffinity(handle.pid, proxy_cores)
@@ -301,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{name}_c1"] = run_loop(run_sequential(urls, bodies, n_seq, cpu_pid=pid))
                 row[f"{name}_c{args.concurrency}"] = run_loop(run_load(
                     urls, bodies, args.concurrency, seconds, cpu_pid=pid))
-            for loop in EVENT_LOOPS:
+            for loop in PROXIES:
                 row[f"added_latency_p50_ms_{loop}"] = round(
                     row[f"proxy_{loop}_c1"]["p50_ms"] - row["direct_c1"]["p50_ms"], 3)
             rounds.append(row)
@@ -328,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         got = [v for v in values(key, field) if v is not None]
         return round(statistics.median(got), 3) if got else None
 
-    def ratios(field: str) -> list[float]:  # uvloop / asyncio, round by round
-        return [round(r[f"proxy_uvloop_{c}"][field] / r[f"proxy_asyncio_{c}"][field], 3)
+    def ratios(field: str, other: str = "asyncio") -> list[float]:  # uvloop / other, by round
+        return [round(r[f"proxy_uvloop_{c}"][field] / r[f"proxy_{other}_{c}"][field], 3)
                 for r in rounds]
 
     added = median("added_latency_p50_ms_uvloop")
@@ -361,6 +415,13 @@ def main(argv: list[str] | None = None) -> int:
                                                             "proxy_cpu_us_per_request"),
             "uvloop_vs_asyncio": {"rps_ratio": ratios("rps"),
                                   "cpu_per_request_ratio": ratios("proxy_cpu_us_per_request")},
+            f"aiohttp_proxy_rps_{c}": median(f"proxy_aiohttp_{c}", "rps"),
+            f"aiohttp_proxy_cpu_us_per_request_{c}": median(f"proxy_aiohttp_{c}",
+                                                            "proxy_cpu_us_per_request"),
+            "added_latency_p50_ms_aiohttp": median("added_latency_p50_ms_aiohttp"),
+            "pool_vs_aiohttp": {"rps_ratio": ratios("rps", "aiohttp"),
+                                "cpu_per_request_ratio": ratios("proxy_cpu_us_per_request",
+                                                                "aiohttp")},
             "errors": errors,
             "spread": {"added_latency_p50_ms": [min(values("added_latency_p50_ms_uvloop")),
                                                 max(values("added_latency_p50_ms_uvloop"))],
@@ -370,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"added_latency_p50_ms <= 0.25": added <= GOALS["added_latency_p50_ms"],
                   f"proxy_rps_{c} >= 6000": proxy_rps >= GOALS["proxy_rps_at_128"],
                   "errors == 0": errors == 0},
+        "aiohttp_client_meets_goals": {
+            "added_latency_p50_ms <= 0.25": (median("added_latency_p50_ms_aiohttp") or 1e9)
+            <= GOALS["added_latency_p50_ms"],
+            f"proxy_rps_{c} >= 6000": (median(f"proxy_aiohttp_{c}", "rps") or 0)
+            >= GOALS["proxy_rps_at_128"]},
         "proxy_stats": {k: stats[k] for k in ("requests", "routed", "affinity", "spilled",
                                               "unmatched", "tracked_blocks", "errors")},
     }
@@ -377,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["summary"], indent=2))
     print(json.dumps(results["goals"]))
+    print("aiohttp client:", json.dumps(results["aiohttp_client_meets_goals"]))
     print(f"wrote {args.out}")
     return 0
 
