@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,7 @@ def test_docs_list_every_default_that_differs_from_trls():
     inherited = {k for k in differ if k in transformers_own and transformers_own[k] == theirs[k]}
     page = (ROOT / "docs" / "api.md").read_text()
     section = page.split("## Where the defaults differ from TRL's", 1)[1].split("\n## ", 1)[0]
+    section = section.split("\n### ", 1)[0]  # the asynchronous trainer's have a table of their own
     rows = {m[0]: (m[1], m[2]) for m in
             re.findall(r"^\| `(\w+)` \| `([^`]*)` \| `([^`]*)` \|", section, flags=re.M)}
     assert differ - inherited <= set(rows) <= differ, (
@@ -108,6 +110,35 @@ def test_docs_list_every_default_that_differs_from_trls():
         f"(of them, transformers' own: {sorted(inherited)})")
     wrong = [f"{k}: page says {rows[k]}, code {ours[k]!r} / TRL {theirs[k]!r}" for k in rows
              if rows[k] != (repr(ours[k]), repr(theirs[k]))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_docs_list_every_async_default_that_differs_from_trls():
+    """The same for the asynchronous trainers: a default of grpo_lab's AsyncGRPOConfig that
+    differs from TRL's AsyncGRPOConfig, and that the GRPOConfig table does not already give with
+    the same TRL value, is listed in the asynchronous table, with both values as installed."""
+    pytest.importorskip("trl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TRL's "experimental" warning
+        from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
+
+    ours, theirs = _defaults(AsyncGRPOConfig), _defaults(TRLAsyncGRPOConfig)
+    page = (ROOT / "docs" / "api.md").read_text()
+    grpo_section = page.split("## Where the defaults differ from TRL's", 1)[1].split(
+        "\n### ", 1)[0]
+    async_section = page.split("### The asynchronous trainer's", 1)[1].split("\n## ", 1)[0]
+
+    def rows(section):
+        return {m[0]: (m[1], m[2]) for m in
+                re.findall(r"^\| `(\w+)` \| `([^`]*)` \| `([^`]*)` \|", section, flags=re.M)}
+
+    grpo_rows, async_rows = rows(grpo_section), rows(async_section)
+    differ = {k for k in set(ours) & set(theirs) if ours[k] != theirs[k]
+              and grpo_rows.get(k) != (repr(ours[k]), repr(theirs[k]))}
+    assert set(async_rows) == differ, (f"the asynchronous table lists {sorted(async_rows)}; "
+                                       f"the defaults that differ are {sorted(differ)}")
+    wrong = [f"{k}: page says {async_rows[k]}, code {ours[k]!r} / TRL {theirs[k]!r}"
+             for k in async_rows if async_rows[k] != (repr(ours[k]), repr(theirs[k]))]
     assert not wrong, "\n".join(wrong)
 
 
