@@ -31,8 +31,7 @@ from grpo_lab.plan.sim_blog import (
     blog_costs,
     blog_setting,
 )
-from grpo_lab.plan.sim_records import summarize
-from grpo_lab.plan.simulator import simulate
+from grpo_lab.plan.simulator import simulate, summarize
 from grpo_lab_course.sim_runs import PUBLISHED_AS
 
 GOAL = 0.15

@@ -22,8 +22,8 @@ from grpo_lab.plan.flavors import flavors
 from grpo_lab.plan.run_memory import model_shape, replica_gib
 from grpo_lab.plan.sim_blog import BLOG_RUNS, blog_costs, blog_setting
 from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
-from grpo_lab.plan.sim_records import summarize as simulated_summary
 from grpo_lab.plan.simulator import simulate
+from grpo_lab.plan.simulator import summarize as simulated_summary
 from grpo_lab.watch.diagnose import diagnose
 from grpo_lab_course.pipeline_runs import KnobRun
 

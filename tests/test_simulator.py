@@ -20,8 +20,7 @@ from grpo_lab.plan.sim_blog import (
     decoder_flops,
 )
 from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
-from grpo_lab.plan.sim_records import summarize
-from grpo_lab.plan.simulator import simulate
+from grpo_lab.plan.simulator import simulate, summarize
 from grpo_lab.watch.async_metrics import buffer_metrics
 from grpo_lab.watch.diagnose import diagnose
 from grpo_lab.watch.flops import flops_per_token

@@ -38,8 +38,7 @@ from .run_forecast import STARTUP_S, RunForecast, hours_text
 from .run_memory import largest_token_budget, model_shape, replica_gib, trainer_gib, trainer_limit
 from .sim_blog import blog_costs, blog_setting, costs_for
 from .sim_model import PipelineSetting
-from .sim_records import summarize
-from .simulator import simulate
+from .simulator import simulate, summarize
 
 INFLIGHT_CAPS = (64, 128, 256, 384, 512)
 """The client's in-flight caps tried (the blog's runs: 128, then 384)."""

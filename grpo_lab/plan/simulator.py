@@ -19,12 +19,17 @@ Discrete events over replicas, the client, the rollout buffer, the trainer and t
 `simulate` returns one record per step under the names the real trainer logs (docs/metrics.md),
 so grpo_lab.watch.diagnose and the plots read a simulated run like a real one. The blog's runs
 and the calibration: grpo_lab.plan.sim_blog.
+
+In reading order: the run (`simulate`), its actors (a replica that decodes its sequences
+together, a sequence, a group), and its records under the real trainer's names (`step_record`)
+with a run's summary as the blog publishes it (`summarize`).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import statistics
 from collections import deque
 from dataclasses import replace
 
@@ -32,13 +37,12 @@ from .sim_model import (
     LengthSampler,
     PipelineSetting,
     StageCosts,
+    decode_step_s,
     fwd_bwd_s,
     micro_batches,
     sync_s,
     train_flops,
 )
-from .sim_records import step_record
-from .sim_replica import Group, Replica, Seq
 
 PROXY_IMBALANCE = 8
 """The proxy's PROXY_IMBALANCE: the affinity replica is kept while it has at most this many
@@ -322,3 +326,216 @@ class Simulation:
         self.waiting_since = self.now
         self.trainer_try()
 
+
+# ------------------------------------------------------------ the actors
+# A replica that decodes its sequences together, a sequence, a group (`Simulation` moves them
+# through the client, the buffer and the trainer). A replica's running sequences share one
+# clock, `done`, its decode steps so far: each step takes sim_model.decode_step_s for its batch
+# and context, divided by `speed`, the share of a core the replica gets when more busy processes
+# than cores share a CPU machine (1.0 on a GPU). Prefill stalls the replica; a full replica
+# (`max_num_seqs`) queues the rest.
+
+
+class Replica:
+    """One inference server: its running sequences advance one token per decode step."""
+
+    def __init__(self, costs: StageCosts):
+        self.costs = costs
+        self.done = 0.0  # decode steps made so far (the sequences' shared clock)
+        self.last = 0.0  # time `done` was brought up to
+        self.stall_until = 0.0  # prefill in progress: no decode step before then
+        self.paused = False
+        self.running: list[tuple[float, int, object]] = []  # (finish at `done`, id, request)
+        self.waiting: list = []  # over max_num_seqs: queued at the replica
+        self.context = 0.0  # prompt tokens + sum of starts' negatives: context = this + B*done
+        self.inflight = 0  # requests routed here, not finished
+        self.next = float("inf")  # when its first running sequence finishes
+        self.admitted = 0
+        self.speed = 1.0  # its share of a core (grpo_lab.plan.simulator's core sharing)
+
+    def step_s(self) -> float:
+        batch = len(self.running)
+        return decode_step_s(self.costs, batch, self.context + batch * self.done) / self.speed
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running) and not self.paused
+
+    def finish_time(self) -> float:
+        return self.next
+
+    def advance(self, now: float) -> None:
+        if not self.paused and self.running:
+            start = max(self.last, self.stall_until)
+            if now > start:
+                self.done += (now - start) / self.step_s()
+        self.last = now
+
+    def refresh(self) -> None:
+        """Set `next`, when the first running sequence finishes (after a change, at `last`)."""
+        if self.paused or not self.running:
+            self.next = float("inf")
+        else:
+            start = max(self.last, self.stall_until)
+            self.next = start + max(0.0, self.running[0][0] - self.done) * self.step_s()
+
+    def admit(self, now: float, seq) -> None:
+        """Start a sequence (prefill, then decode)."""
+        self.stall_until = max(self.stall_until, now) + seq.prefill * self.costs.prefill_token_s
+        self.admitted += 1  # ties finish in admission order (not by id(): the same each run)
+        heapq.heappush(self.running, (self.done + seq.length, self.admitted, seq))
+        self.context += seq.prompt - self.done
+
+    def finished(self, now: float) -> list:
+        out = []
+        while self.running and self.running[0][0] <= self.done + 1e-6:
+            finish, _, seq = heapq.heappop(self.running)
+            self.context -= seq.prompt - (finish - seq.length)  # it started at finish - length
+            out.append(seq)
+        while self.waiting and len(self.running) < self.costs.max_num_seqs:
+            self.admit(now, self.waiting.pop(0))
+        return out
+
+
+class Seq:
+    """One completion of a group, as a replica decodes it."""
+
+    __slots__ = ("group", "prompt", "length", "prefill", "request")
+
+    def __init__(self, group, prompt, length, prefill, request):
+        self.group, self.prompt, self.length = group, prompt, length
+        self.prefill, self.request = prefill, request
+
+
+class Group:
+    """One prompt's G completions: sampled by `version`, scored once all are done."""
+
+    def __init__(self, prompt: int, lengths: list[int], version: int, batch: int):
+        self.prompt, self.lengths, self.version, self.batch = prompt, lengths, version, batch
+        self.left = len(lengths)
+        self.owner: int | None = None  # the replica holding its prefix
+        self.queued_at = 0.0
+
+
+# ------------------------------------------------------------ the records
+# `step_record` writes what grpo_lab.train.async_trainer logs per step (docs/metrics.md; the
+# pipeline's names as grpo_lab.watch.async_metrics writes them) from a simulation's state, so the
+# dashboard, the plots and grpo_lab.watch.diagnose read a simulated run as a real one. The
+# learning metrics (reward, loss, kl, ...) are left out: the simulator knows times, not rewards.
+# `summarize` reduces a run (simulated or real) to the figures the blog publishes.
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def step_record(sim, sync_seconds: float) -> dict:
+    """The record of the step `sim` (a Simulation) just ended."""
+    s, costs, c, t = sim.s, sim.costs, sim.c, sim.taken
+    G = s.num_generations
+    step_s = sim.now - sim.step_start
+    samples = t["samples"]
+    mbs = [mb for layout in t["layouts"] for mb in layout]
+    rows, real = [mb["tokens"] for mb in mbs], [mb["real"] for mb in mbs]
+    completions = [n for _, n in samples]
+    unpadded = sum(p + n for p, n in samples)
+    held_back = c["backpressure"] + c["version_wait"]
+    record = {
+        "step": sim.step, "version": sim.version, "time_s": sim.now,
+        "perf/step_s": step_s, "perf/fwd_bwd_s": t["fwd_bwd"],
+        "perf/optimizer_s": costs.optimizer_s,
+        "perf/rollout_wait_s": c["wait"], "perf/weight_sync_s": sync_seconds,
+        "rollout/backpressure_total_s": c["backpressure"],
+        "rollout/version_wait_s": c["version_wait"],
+        "rollout/generated_tok_s_busy": c["tokens"] / max(step_s - held_back, 1e-9),
+        "rollout/inflight_max": c["inflight_max"],
+        # the replicas' prefix cache (vLLM's prefix_cache_queries / _hits, in prompt tokens): a
+        # prompt's later completions, and a group routed back to its replica, skip its prefill
+        "rollout/prefix_cache_queries": c["cache_queries"],
+        "rollout/prefix_cache_hits": c["cache_hits"],
+        "sample/rollout_queue_size": sim.queue_seen * G,
+        "sample/rollout_queue_maxsize": s.buffer_size * G,
+        "sample/dropped_stale_total": c["dropped"],
+        "sample/time_in_queue_s": _mean(t["in_queue"]),
+        "sample/staleness_mean": _mean(t["staleness"]),
+        "sample/staleness_max": max(t["staleness"]),
+        "batch/microbatches_per_step": max(len(layout) for layout in t["layouts"]),
+        "batch/groups_per_step": len(t["groups"]), "batch/samples_per_step": len(samples),
+        "batch/samples_per_row": len(samples) / len(mbs),
+        "batch/row_tokens_mean": _mean(rows), "batch/row_tokens_max": max(rows),
+        "batch/pad_frac": (sum(rows) - sum(real)) / max(sum(rows), 1),
+        "batch/forwarded_tokens_per_step": sum(rows),
+        "batch/trained_tokens_per_step": sum(completions),
+        "batch/masked_token_frac": (unpadded - sum(completions)) / max(unpadded, 1),
+        "sample/forwarded_tokens_mean": unpadded / len(samples),
+        "sample/forwarded_tokens_max": max(p + n for p, n in samples),
+        "sample/trained_tokens_mean": _mean(completions),
+        "completions/mean_length": _mean(completions),
+        "completions/min_length": min(completions), "completions/max_length": max(completions),
+        "completions/clipped_ratio": _mean(n >= s.max_completion_tokens for n in completions),
+        "perf/forwarded_tok_s_fwd_bwd": sum(rows) / t["fwd_bwd"],
+        "perf/forwarded_tok_s_wall_clock": sum(rows) / step_s,
+        "perf/trained_tok_s_wall_clock": sum(completions) / step_s,
+    }
+    if s.token_budget:
+        record["batch/row_fill_frac"] = sum(rows) / (s.token_budget * len(rows))
+    if costs.trainer_peak_flops:
+        peak = costs.trainer_peak_flops * costs.trainer_gpus
+        record["perf/mfu_fwd_bwd"] = 100 * t["flops"] / t["fwd_bwd"] / peak
+        record["perf/mfu_wall_clock"] = 100 * t["flops"] / step_s / peak
+    return record
+
+
+def summarize(records: list[dict], setting=None, *, idle: float = 0.05) -> dict:
+    """A run's figures: medians (`_p50`) over its steps, means where the blog gives means, and
+    its bottleneck over the last 80 % of the steps (the first fill the pipeline): "trainer" when
+    the trainer waits at most `idle` of its step time, else "generation", or "client_cap" when
+    the client's in-flight cap (`setting.max_inflight`) was reached in most of those steps."""
+    if not records:
+        raise ValueError("no records to summarize")
+    steady = records[len(records) // 5:]
+
+    def p50(key):
+        return statistics.median(r.get(key, 0.0) for r in records)
+
+    def mean(key, rows=steady):
+        return _mean(r.get(key, 0.0) for r in rows)
+
+    syncs = [r["perf/weight_sync_s"] for r in records if r.get("perf/weight_sync_s")]
+    wall = records[-1].get("time_s") or sum(r["perf/step_s"] for r in records)
+    generated = sum(r.get("rollout/generated_tok_s_busy", 0.0) * max(
+        r["perf/step_s"] - r.get("rollout/backpressure_total_s", 0.0)
+        - r.get("rollout/version_wait_s", 0.0), 0.0) for r in records)
+    wait_share = (sum(r.get("perf/rollout_wait_s", 0.0) for r in steady)
+                  / max(sum(r["perf/step_s"] for r in steady), 1e-9))
+    cap = getattr(setting, "max_inflight", None)
+    capped = cap is not None and _mean(r.get("rollout/inflight_max", 0) >= cap
+                                       for r in steady) > 0.5
+    bottleneck = "trainer" if wait_share <= idle else "client_cap" if capped else "generation"
+    out = {
+        "steps": len(records),
+        "step_s_p50": p50("perf/step_s"), "fwd_bwd_s_p50": p50("perf/fwd_bwd_s"),
+        "rollout_wait_s_p50": p50("perf/rollout_wait_s"),
+        "rollout_wait_s_mean": mean("perf/rollout_wait_s"),
+        "weight_sync_s_p50": statistics.median(syncs) if syncs else 0.0,
+        "weight_sync_share": sum(syncs) / max(wall, 1e-9),
+        "wall_clock_s": wall,
+        "staleness_mean": _mean(r.get("sample/staleness_mean", 0.0) for r in records),
+        "queue_size_p50": p50("sample/rollout_queue_size"),
+        "queue_size_mean": mean("sample/rollout_queue_size"),
+        "queue_maxsize": records[-1].get("sample/rollout_queue_maxsize", 0),
+        "backpressure_s_mean": mean("rollout/backpressure_total_s"),
+        "version_wait_s_mean": mean("rollout/version_wait_s"),
+        "generation_tokens_per_s": generated / max(wall, 1e-9),
+        "inflight_mean": mean("rollout/inflight_max"),
+        "micro_batches": p50("batch/microbatches_per_step"),
+        "samples_per_row": p50("batch/samples_per_row"),
+        "row_fill_frac": p50("batch/row_fill_frac"),
+        "mfu": p50("perf/mfu_fwd_bwd"),
+        "prefix_cache_hit_rate": sum(r.get("rollout/prefix_cache_hits", 0) for r in records)
+        / max(sum(r.get("rollout/prefix_cache_queries", 0) for r in records), 1),
+        "wait_share": wait_share,
+        "bottleneck": bottleneck,
+    }
+    return out

@@ -3,9 +3,9 @@
 Keep-alive connections per upstream, a cap on requests in flight, connect and total timeouts.
 With it the proxy spends 0.59-0.66 of the CPU per request it spends with aiohttp's
 ClientSession, and serves 1.5-1.7x the requests/s (benchmarks/proxy_overhead.py, side by side);
-the proxy keeps aiohttp for everything else (docs/internals.md, "proxy: inside `grpo-lab proxy`"). Its errors are all
-OSError: `ConnectFailed` (nothing was sent), `ResponseTimeout`, `ConnectionClosed`,
-`InvalidResponse`.
+the proxy keeps aiohttp for everything else (docs/internals.md, "proxy: inside `grpo-lab
+proxy`"). Its errors are all OSError: `ConnectFailed` (nothing was sent), `ResponseTimeout`,
+`ConnectionClosed`, `InvalidResponse`.
 """
 
 from __future__ import annotations
