@@ -13,8 +13,7 @@ from grpo_lab.cli.doctor import diagnose_run
 from grpo_lab.cli.main import main as cli
 from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
-from grpo_lab.watch.doctor import Doctor, chat_template_finding
-from grpo_lab.watch.doctor_pipeline import pipeline_doctor
+from grpo_lab.watch.doctor import Doctor, chat_template_finding, pipeline_doctor
 
 
 def _run(tmp_path=None, **settings):

@@ -140,7 +140,7 @@ def test_async_reward_metrics_are_reduced_as_trls_rollout_worker_does():
     import numpy as np
     import torch
 
-    from grpo_lab.watch.async_metrics import async_reward_names
+    from grpo_lab.watch.step_metrics import async_reward_names
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0])  # G = 4
     ours = async_reward_names({"reward": 0.5, "reward_std": rewards.std().item(),

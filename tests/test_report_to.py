@@ -25,7 +25,7 @@ from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.config import GRPOConfig
 from grpo_lab.util.jsonl import read_jsonl
 from grpo_lab.util.processes import free_port, stop_groups
-from grpo_lab.watch.tracking import report_targets
+from grpo_lab.watch.reporters import report_targets
 
 trackio = pytest.importorskip("trackio",
                               reason="the `tracking` extra: pip install -e '.[tracking]'")

@@ -66,7 +66,7 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
     """Every finding for a run folder (the doctor over its records, then the replicas)."""
     from ..bucket.adapters import adapter_name
     from ..util.jsonl import read_jsonl
-    from ..watch.doctor_pipeline import pipeline_doctor
+    from ..watch.doctor import pipeline_doctor
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"

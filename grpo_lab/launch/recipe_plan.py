@@ -21,7 +21,7 @@ from ..proxy.process import proxy_args
 from ..serve.process import GRPO_LAB
 from ..util.argv import flag_args
 from ..util.processes import free_port
-from ..watch.tracking import report_targets
+from ..watch.reporters import report_targets
 from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
 from .local_devices import assign_devices, threads_per_process, visible_gpus

@@ -419,7 +419,7 @@ class Group:
 
 # ------------------------------------------------------------ the records
 # `step_record` writes what grpo_lab.train.async_trainer logs per step (docs/metrics.md; the
-# pipeline's names as grpo_lab.watch.async_metrics writes them) from a simulation's state, so the
+# pipeline's names as grpo_lab.watch.step_metrics writes them) from a simulation's state, so the
 # dashboard, the plots and grpo_lab.watch.diagnose read a simulated run as a real one. The
 # learning metrics (reward, loss, kl, ...) are left out: the simulator knows times, not rewards.
 # `summarize` reduces a run (simulated or real) to the figures the blog publishes.

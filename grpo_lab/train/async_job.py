@@ -29,7 +29,7 @@ from ..rollout.replica_check import check_replicas
 from ..serve.sampling_settings import sampling_settings
 from ..util.jsonl import read_jsonl
 from ..watch.metrics import read_metrics
-from ..watch.tracking import TENSORBOARD_DIR
+from ..watch.reporters import TENSORBOARD_DIR
 from .async_config import AsyncGRPOConfig
 from .async_trainer import SYNC_LOG, AsyncGRPOTrainer
 from .distributed import is_main_process

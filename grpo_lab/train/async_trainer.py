@@ -31,7 +31,7 @@ from ..rollout.buffer import RolloutBuffer
 from ..rollout.generators import Generator, LocalGenerator
 from ..rollout.groups import SampledGroups, split
 from ..util.jsonl import read_jsonl
-from ..watch.async_metrics import async_reward_names, buffer_metrics, inline_metrics
+from ..watch.step_metrics import async_reward_names, buffer_metrics, inline_metrics
 from . import grpo_step
 from .async_config import AsyncGRPOConfig
 from .rollout_batch import RolloutBatch, rollout_metrics

@@ -20,7 +20,7 @@ from ..data.reward_set import RewardSet, reward_spec
 from ..data.tasks import TASKS, make_task, with_few_shot
 from ..serve.sampling_settings import sampling_problems
 from ..util.devices import DTYPES
-from ..watch.tracking import run_name, tracking_problems
+from ..watch.reporters import run_name, tracking_problems
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -305,7 +305,7 @@ class GRPOConfig:
     report_to: str | list[str] = "none"
     """TRL's option: where else every metrics.jsonl record goes, `none`, `trackio`, `tensorboard`
     or several (`trackio,tensorboard`, or a list; `pip install grpo_lab[tracking]`). Computed at
-    construction: a list, empty for none (grpo_lab.watch.tracking, grpo_lab.watch.reporters)."""
+    construction: a list, empty for none (grpo_lab.watch.reporters, grpo_lab.watch.reporters)."""
     run_name: str | None = None
     """The run's name in trackio (TRL's option); None = output_dir's folder name (computed at
     runtime: effective_run_name). A resumed run keeps it, so trackio continues its curve."""
@@ -439,7 +439,7 @@ class GRPOConfig:
 
     @property
     def effective_run_name(self) -> str | None:
-        """Computed at runtime: run_name, or output_dir's folder name (grpo_lab.watch.tracking)."""
+        """Computed at runtime: run_name, or output_dir's folder name (grpo_lab.watch.reporters)."""
         return run_name(self)
 
     def to_dict(self) -> dict:

@@ -33,7 +33,7 @@ from .diagnose import (
     WAIT,
     diagnose,
 )
-from .doctor_pipeline import pipeline_doctor
+from .doctor import pipeline_doctor
 from .live_stats import router_counters
 from .metrics import moving_average, series
 from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from statistics import median
 
+from .diagnose import diagnose
+
 CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
 ENTROPY, REWARD, KL, CLIP = "entropy", "reward", "kl", "clip_ratio/region_mean"
 DROPPED, STALE_MEAN = "sample/dropped_stale_total", "sample/staleness_mean"
@@ -372,7 +374,7 @@ def policy_not_moving(d: Doctor) -> Finding | None:
 CHECKS = (completions_cut, no_learning_signal, entropy_out_of_range, reward_flat,
           sampler_mismatch, not_from_policy, staleness_pinned, learning_rate_too_high,
           policy_not_moving)
-"""What every run is checked for. The pipeline's bottleneck (grpo_lab.watch.doctor_pipeline)
+"""What every run is checked for. The pipeline's bottleneck (`bottleneck`, below)
 joins them where the pipeline's diagnosis is at hand: `Doctor(checks=CHECKS + (bottleneck,))`."""
 
 
@@ -408,3 +410,38 @@ def make_doctor(config) -> Doctor | None:
                   # moves slowly but does move, and a TRL config does not say which it is
                   learning_rate=config.learning_rate if getattr(config, "use_lora", False)
                   else None)
+
+
+# ------------------------------------------------------------ the pipeline's finding
+# The run doctor's pipeline finding: which side of the rollout buffer holds the run back.
+#
+# A note, not a problem: some side always sets the pace (on 2 CPU cores, the trainer does).
+#
+# `bottleneck` is a check of grpo_lab.watch.doctor's kind, made of `diagnose` (this stage's
+# reading of the queue, the waits and the backpressure); `pipeline_doctor()` is a Doctor with it.
+
+
+KNOBS = {"trainer": "speed up the step: packing, a bigger token budget, no gradient "
+                    "checkpointing; adding replicas will not help",
+         "generation": "add replicas or lift the client's in-flight cap"}
+
+
+def bottleneck(d: Doctor) -> Finding | None:
+    """The existing diagnosis over the last two windows, once it names a side."""
+    if len(d.records) < 2 * d.window:
+        return None
+    diagnosis = diagnose(d.records, window=2 * d.window)
+    if diagnosis.bottleneck not in KNOBS:
+        return None
+    numbers = {k: round(v, 3) for k, v in diagnosis.numbers.items() if isinstance(v, float)}
+    return d.finding(
+        f"bottleneck_{diagnosis.bottleneck}", f"the {diagnosis.bottleneck} holds the run back",
+        {"metric": "sample/rollout_queue_size", "window": 2 * d.window, **numbers},
+        diagnosis.verdict, KNOBS[diagnosis.bottleneck],
+        "a balanced pipeline: the queue neither full nor empty, little waiting on either side",
+        kind="note")
+
+
+def pipeline_doctor(**kwargs) -> Doctor:
+    """A Doctor that also names the pipeline's bottleneck."""
+    return Doctor(checks=CHECKS + (bottleneck,), **kwargs)
