@@ -51,12 +51,12 @@ from grpo_lab.data.prompts import encode_prompts  # noqa: E402
 from grpo_lab.data.tasks import make_task  # noqa: E402
 from grpo_lab.model.generation import sampling_config  # noqa: E402
 from grpo_lab.model.models import load_model_and_tokenizer, model_folder  # noqa: E402
+from grpo_lab.serve.batch import Sequence, make_generator  # noqa: E402
 from grpo_lab.serve.block_hashes import DEFAULT_BLOCK_SIZE  # noqa: E402
 from grpo_lab.serve.client import InferenceClient  # noqa: E402
 from grpo_lab.serve.engine import Engine, generate_sync  # noqa: E402
 from grpo_lab.serve.prefix_cache import DEFAULT_MAX_BLOCKS, PrefixCache  # noqa: E402
 from grpo_lab.serve.process import start_server_process  # noqa: E402
-from grpo_lab.serve.requests import Sequence, make_generator  # noqa: E402
 from grpo_lab.serve.sampling import SamplingParams  # noqa: E402
 from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
 from grpo_lab.util.processes import group_members  # noqa: E402

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpo_lab.algo.logprobs import policy_logprobs
+from grpo_lab.serve.batch import RequestGroup, Sequence, make_generator
 from grpo_lab.serve.engine import Engine, generate_sync
 from grpo_lab.serve.lora_registry import LoRARegistry, read_adapter
-from grpo_lab.serve.requests import RequestGroup, Sequence, make_generator
 from grpo_lab.serve.sampling import SamplingParams, min_p_filter, sample, top_k_top_p_filter
 from grpo_lab.train.rollout_batch import pad_left, pad_right
 

@@ -9,12 +9,12 @@ import copy
 import pytest
 import torch
 
+from grpo_lab.serve.batch import Sequence, make_generator
 from grpo_lab.serve.block_hashes import chained_block_hashes
 from grpo_lab.serve.config import ServeConfig
 from grpo_lab.serve.engine import Engine, generate_sync
 from grpo_lab.serve.lora_registry import LoRARegistry, read_adapter
 from grpo_lab.serve.prefix_cache import PrefixCache
-from grpo_lab.serve.requests import Sequence, make_generator
 from grpo_lab.serve.sampling import SamplingParams
 
 torch.set_num_threads(1)

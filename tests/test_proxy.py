@@ -17,7 +17,7 @@ from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser
 from grpo_lab.proxy.config import ProxyConfig
 from grpo_lab.proxy.process import start_proxy_process
-from grpo_lab.proxy.prompt_keys import pseudo_tokens
+from grpo_lab.proxy.router import pseudo_tokens
 
 BS = 16
 P1 = list(range(1000, 1000 + 3 * BS))  # three full blocks
@@ -304,7 +304,7 @@ class FakeTokenizer:
 
 
 def test_routing_keys_with_and_without_a_tokenizer():
-    from grpo_lab.proxy.prompt_keys import routing_keys
+    from grpo_lab.proxy.router import routing_keys
     from grpo_lab.serve.protocol import RequestError
 
     tok = FakeTokenizer()

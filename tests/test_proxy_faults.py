@@ -317,7 +317,7 @@ def test_a_load_whose_last_try_runs_into_the_deadline_still_names_the_mount():
     answer before the deadline: the 504 names the mount that has not caught up, not only the
     cut-off try (the gate saw "did not answer within 5.7e-05 s" alone, on a busy machine)."""
     from grpo_lab.proxy.adapter_loads import NOT_VISIBLE, load_everywhere
-    from grpo_lab.proxy.upstream import UpstreamError
+    from grpo_lab.proxy.replicas import UpstreamError
 
     calls = []
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo_lab.algo.logprobs import policy_logprobs
+from grpo_lab.serve.batch import Sequence, make_generator
 from grpo_lab.serve.config import ServeConfig
 from grpo_lab.serve.engine import generate_sync
-from grpo_lab.serve.requests import Sequence, make_generator
 from grpo_lab.serve.sampling import SamplingParams
 from grpo_lab.train.rollout_batch import pad_left, pad_right
 

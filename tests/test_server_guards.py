@@ -320,9 +320,9 @@ def test_sizes_are_checked_before_tokenizing_and_tokenizing_is_off_the_loop(
 def test_a_dead_engine_ends_the_server_process(tiny_model_and_tokenizer, model_copy):
     """The serving loop returns 1 (`serve` exits with it) once the engine thread died; the
     in-process test above (`engine.error` set by hand) checks the answers meanwhile."""
-    from grpo_lab.serve.requests import RequestGroup, Sequence, make_generator
+    from grpo_lab.serve.batch import RequestGroup, Sequence, make_generator
     from grpo_lab.serve.sampling import SamplingParams
-    from grpo_lab.serve.serve_loop import serve_forever
+    from grpo_lab.serve.server import serve_forever
 
     _, tokenizer = tiny_model_and_tokenizer
 

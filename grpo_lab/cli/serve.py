@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..serve.serve_loop import serve  # the engine and the HTTP app: only when serving
+    from ..serve.server import serve  # the engine and the HTTP app: only when serving
 
     serve(config_from_args(args, ServeConfig))
     return 0

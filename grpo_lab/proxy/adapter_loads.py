@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from ..serve.protocol import error_body, parse_error
-from .upstream import LOAD_PATH, UNLOAD_PATH, BroadcastResult, Send, UpstreamError, upstream_message
+from .replicas import LOAD_PATH, UNLOAD_PATH, BroadcastResult, Send, UpstreamError, upstream_message
 
 NOT_VISIBLE = "No adapter found"  # vLLM's 404 for a directory its mount has not seen yet
 ALREADY_LOADED = "has already been loaded"

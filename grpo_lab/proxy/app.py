@@ -27,9 +27,8 @@ from .completions import CompletionForwarder
 from .config import ProxyConfig
 from .fleet_info import FleetInfo
 from .process import READY_MARKER
-from .replicas import ReplicaSet
+from .replicas import LOAD_PATH, UNLOAD_PATH, ReplicaSet
 from .router import PrefixRouter
-from .upstream import LOAD_PATH, UNLOAD_PATH
 
 KNOWN_PATHS = ("/v1/completions", "/v1/chat/completions", "/health", "/ping", "/server_info",
                "/v1/models", "/get_world_size", "/proxy/stats", *BROADCAST_PATHS)

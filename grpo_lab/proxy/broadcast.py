@@ -24,11 +24,11 @@ from aiohttp import web
 from ..serve.protocol import RequestError, error_body, loads_json
 from .adapter_loads import load_everywhere, unload_everywhere
 from .config import ProxyConfig
-from .replicas import ReplicaSet
-from .upstream import (
+from .replicas import (
     LOAD_PATH,
     UNLOAD_PATH,
     BroadcastResult,
+    ReplicaSet,
     Send,
     UpstreamError,
     upstream_message,

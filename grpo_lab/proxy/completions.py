@@ -1,8 +1,8 @@
 """The proxy's completion routes (grpo_lab.proxy.app): each prompt to one replica, answers merged.
 
-`CompletionForwarder` parses a request, routes each prompt on its key (prompt_keys.py,
-router.py), sends each replica its share (a refused share is routed again), and merges the
-choices back in prompt order. A one-prompt request is passed through unparsed, a streamed one
+`CompletionForwarder` parses a request, routes each prompt on its key (router.py), sends each
+replica its share (a refused share is routed again), and merges the choices back in prompt
+order. A one-prompt request is passed through unparsed, a streamed one
 goes whole to its first prompt's replica (docs/internals.md, "proxy: inside `grpo-lab proxy`").
 """
 
@@ -17,10 +17,8 @@ from aiohttp import web
 
 from ..serve.protocol import RequestError, loads_json
 from .config import ProxyConfig
-from .prompt_keys import routing_keys
-from .replicas import ReplicaSet, transport_error
-from .router import NoReplicaAvailable, PrefixRouter
-from .upstream import UpstreamError
+from .replicas import ReplicaSet, UpstreamError, transport_error
+from .router import NoReplicaAvailable, PrefixRouter, routing_keys
 
 
 def _looks_like_json_object(data: bytes) -> bool:

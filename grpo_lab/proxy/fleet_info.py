@@ -18,8 +18,7 @@ from aiohttp import web
 
 from ..serve.protocol import error_body
 from .config import ProxyConfig
-from .replicas import ReplicaSet
-from .upstream import UpstreamError
+from .replicas import ReplicaSet, UpstreamError
 
 WEIGHT_TRANSFER_PATHS = ("/init_weight_transfer_engine", "/start_weight_update",
                          "/update_weights", "/finish_weight_update")

@@ -15,11 +15,10 @@ import threading
 
 import torch
 
-from .batch import RunningBatch
+from .batch import RequestGroup, RunningBatch, Sequence
 from .lora_registry import LoRARegistry
 from .prefill import Prefill
 from .prefix_cache import PrefixCache
-from .requests import RequestGroup, Sequence
 from .sampling import sample
 
 PAUSE_MODES = ("abort", "wait", "keep")

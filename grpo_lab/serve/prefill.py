@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .batch import Sequence
 from .prefix_cache import PrefixCache, PrefixMatch, assemble_prefixes, cut_blocks
-from .requests import Sequence
 
 
 class Prefill:

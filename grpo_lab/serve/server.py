@@ -6,24 +6,29 @@
 Routes, status codes, error bodies and gates (VLLM_SERVER_DEV_MODE,
 VLLM_ALLOW_RUNTIME_LORA_UPDATING) follow docs/serving-api.md, which also lists where it differs
 from vLLM (tests/test_server_contract.py checks both engines). Parts (grpo_lab.serve.*):
-engine (continuous batching), lora_registry (adapters), prefix_cache, server_info (/server_info,
-/metrics), protocol (parsing and checks: sizes before work, finite float32 numbers), config
-(`ServeConfig`, the flags), serve_loop (the process: it exits if the engine dies).
+engine (continuous batching), lora_registry (adapters), prefix_cache, protocol (parsing and
+checks: sizes before work, finite float32 numbers), config (`ServeConfig`, the flags); below the
+app, /server_info and /metrics, and the serving loop of the process (it exits if the engine
+dies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import traceback
+from dataclasses import asdict
 
 from aiohttp import web
 
+from .batch import RequestGroup, Sequence, make_generator
 from .config import ServeConfig
 from .engine import Engine
 from .lora_registry import LoRARegistry, read_adapter
 from .prefix_cache import PrefixCache
+from .process import READY_MARKER, serve_until_signalled
 from .protocol import (
     RequestError,
     bearer_ok,
@@ -36,8 +41,6 @@ from .protocol import (
     parse_completion_request,
     read_json_body,
 )
-from .requests import RequestGroup, Sequence, make_generator
-from .server_info import PROMETHEUS_CONTENT_TYPE, prometheus_text, vllm_config
 
 
 def _gate(name: str) -> bool:
@@ -341,3 +344,139 @@ class InferenceServer:
         return _json(completion_response(req.model or self.base_name, choices,
                                          sum(map(len, prompt_ids)),
                                          sum(len(s.output_ids) for s in sequences), chat=chat))
+
+
+# ------------------------------------------------------------ as a process
+# `grpo-lab serve` as a process: serve until SIGTERM or Ctrl-C, or until the engine dies.
+#
+# A server whose engine thread died can generate nothing: it exits with status 1 so that its
+# supervisor (a job, a launcher) sees it and restarts it, instead of answering 503 forever.
+
+
+async def engine_death(engine: Engine, poll_s: float = 0.2) -> BaseException | None:
+    """Returns once the engine thread is dead: the exception that killed it, if any."""
+    while engine.alive:
+        await asyncio.sleep(poll_s)
+    return engine.error
+
+
+async def serve_forever(server: InferenceServer) -> int:
+    """Serve until SIGTERM or Ctrl-C (returns 0) or until the engine dies (returns 1: a process
+    that can generate nothing must end, so that its supervisor sees it and restarts it)."""
+    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, server.config.host, server.config.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"{READY_MARKER} http://{server.config.host}:{port} model={server.base_name} "
+          f"lora={server.config.enable_lora} dev_mode={server.dev_mode} "
+          f"runtime_lora_updating={server.runtime_lora}", flush=True)
+    serving = asyncio.ensure_future(serve_until_signalled(runner))
+    death = asyncio.ensure_future(engine_death(server.engine))
+    await asyncio.wait([serving, death], return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        death.cancel()
+        serving.result()
+        return 0
+    print(f"grpo-lab serve: the engine died ({death.result()!r}); exiting", file=sys.stderr,
+          flush=True)
+    serving.cancel()  # serve_until_signalled closes the runner on its way out
+    await asyncio.gather(serving, return_exceptions=True)
+    return 1
+
+
+def serve(config: ServeConfig) -> None:
+    """Load the model and serve until SIGTERM or Ctrl-C; exit with status 1 if the engine dies."""
+    if config.threads():  # asked for, or the CPU's 1; on a GPU torch keeps its own
+        os.environ.setdefault("OMP_NUM_THREADS", str(config.threads()))
+    server = InferenceServer(config)
+    print(f"grpo-lab serve: model {server.model_path} ({server.dtype} on {server.device}), "
+          f"max_model_len {server.max_model_len}, logprobs_mode {config.logprobs_mode}",
+          file=sys.stderr, flush=True)
+    code = asyncio.run(serve_forever(server))
+    if code:
+        sys.exit(code)
+
+
+# ------------------------------------------------------------ what it says about itself
+# What `grpo-lab serve` says about itself: /server_info's config and /metrics' counters.
+#
+# `vllm_config` is the body of `GET /server_info`: the parts of vLLM's config that clients read,
+# plus a `grpo_lab` key (flags, engine and prefix-cache counters). `prometheus_text` is
+# `GET /metrics` with vLLM's names and labels. Both: docs/serving-api.md, "Endpoints" and
+# "Prefix caching in grpo-lab serve".
+
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+COUNTERS = (  # (name, help as vLLM writes it, where grpo-lab serve counts it)
+    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+     "queries"),
+    ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "hits"),
+    ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+     "cached_prompt_tokens"),
+    ("vllm:generation_tokens", "Number of generation tokens processed.", "generated_tokens"),
+)
+
+
+def prefix_cache_stats(server) -> dict | None:
+    cache = server.engine.prefix_cache
+    return cache.stats() if cache is not None else None
+
+
+def peak_gpu_memory(device: str) -> int | None:
+    """Most bytes torch has held on this GPU at once (None on the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated(device)
+
+
+def vllm_config(server) -> dict:
+    cfg = server.config
+    lora = None
+    if cfg.enable_lora:
+        lora = {"max_lora_rank": cfg.max_lora_rank, "max_loras": cfg.max_loras,
+                "max_cpu_loras": server.lora.max_cpu_loras if server.lora else None,
+                "lora_dtype": "auto", "fully_sharded_loras": False}
+    return {
+        "model_config": {"model": server.model_path, "served_model_name": server.base_name,
+                         "tokenizer": server.model_path, "dtype": str(server.dtype),
+                         "max_model_len": server.max_model_len,
+                         "max_logprobs": cfg.max_logprobs, "logprobs_mode": cfg.logprobs_mode},
+        "cache_config": {"block_size": cfg.block_size,
+                         "enable_prefix_caching": cfg.enable_prefix_caching},
+        "parallel_config": {"data_parallel_size": 1, "tensor_parallel_size": 1,
+                            "pipeline_parallel_size": 1},
+        "scheduler_config": {"max_num_seqs": cfg.max_num_seqs,
+                             "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                             "max_model_len": server.max_model_len},
+        "device_config": {"device": server.device},
+        "lora_config": lora,
+        "grpo_lab": {"engine": dict(server.engine.stats), "paused": server.engine.paused,
+                     "prefix_cache": prefix_cache_stats(server),
+                     "peak_gpu_memory_bytes": peak_gpu_memory(server.device),
+                     **{k: v for k, v in asdict(cfg).items() if k != "api_key"}},
+    }
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(server) -> str:
+    """The counters above, then grpo_lab's gauge of cached blocks, in Prometheus' text format."""
+    counts = dict(server.engine.stats)
+    cache = prefix_cache_stats(server)
+    counts.update(queries=cache["queries"] if cache else 0, hits=cache["hits"] if cache else 0)
+    labels = f'{{model_name="{_label(server.base_name)}",engine="0"}}'
+    lines = []
+    for name, help_text, key in COUNTERS:
+        lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter",
+                  f"{name}_total{labels} {float(counts[key])}"]
+    lines += ["# HELP grpo_lab:prefix_cache_blocks KV blocks held by the prefix cache.",
+              "# TYPE grpo_lab:prefix_cache_blocks gauge",
+              f"grpo_lab:prefix_cache_blocks{labels} {float(cache['blocks'] if cache else 0)}"]
+    return "\n".join(lines) + "\n"
