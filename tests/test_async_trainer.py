@@ -287,3 +287,33 @@ def test_a_python_run_writes_the_jobs_run_folder(tiny_model_and_tokenizer, tmp_p
         assert (summary["accuracy_before"], summary["accuracy_after"]) == (history[0][1],
                                                                            history[-1][1])
     assert (tmp_path / "earlier-runs" / "1" / "syncs.jsonl").is_file()
+
+
+class CleaningGenerator(RecordingGenerator):
+    """A generator that, as HTTPGenerator, cleans an earlier run's adapters before its first
+    publish and says so in `unloaded_at_start` (None until then)."""
+
+    def __init__(self, inner: LocalGenerator, first_unused: int):
+        super().__init__(inner)
+        self.unloaded_at_start, self.cleanings, self.first_unused = None, 0, first_unused
+
+    def start_after_earlier_runs(self) -> int:
+        self.cleanings += 1
+        self.unloaded_at_start = []
+        return self.first_unused
+
+
+def test_the_servers_are_cleaned_once_before_the_first_publish(tiny_model_and_tokenizer):
+    """The trainer cleans the servers itself before its first publish, unless the job did it
+    already (train-async's `restore`): never twice."""
+    trainer = recording_trainer(tiny_model_and_tokenizer)
+    trainer.generator = CleaningGenerator(trainer.generator.inner, first_unused=3)
+    trainer.publish_current()
+    assert trainer.generator.cleanings == 1 and trainer.version == 3
+    assert trainer.generator.latest_version == 3
+
+    job_cleaned = recording_trainer(tiny_model_and_tokenizer)
+    job_cleaned.generator = CleaningGenerator(job_cleaned.generator.inner, first_unused=5)
+    job_cleaned.version = job_cleaned.generator.start_after_earlier_runs()  # as `restore` does
+    job_cleaned.publish_current()
+    assert job_cleaned.generator.cleanings == 1 and job_cleaned.generator.latest_version == 5

@@ -103,7 +103,7 @@ class HTTPGenerator:
         """The most requests that were in flight at once so far (completions with "single")."""
         self._inflight = 0
         self._recent_peak = 0  # since the last `pop_inflight_peak`
-        self.unloaded_at_start: list[str] = []
+        self.unloaded_at_start: list[str] | None = None  # None: start_after_earlier_runs not run
 
     def name(self, version: int) -> str:
         return adapter_name(version, self.bucket.prefix)

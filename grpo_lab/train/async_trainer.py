@@ -142,7 +142,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         first step; after a resume, the version it continues at)."""
         fresh = (self.generator is not None and self.generator.latest_version < 0
                  and self.step_count == 0 and not self.processes.distributed)
-        if fresh and hasattr(self.generator, "start_after_earlier_runs"):
+        cleaned = getattr(self.generator, "unloaded_at_start", None) is not None  # by the job
+        if fresh and hasattr(self.generator, "start_after_earlier_runs") and not cleaned:
             # a bucket and servers an earlier (or failed) run used: number after its versions
             self.version = max(self.version, self.generator.start_after_earlier_runs())
         due = self.generator is not None and self.generator.latest_version < self.version
