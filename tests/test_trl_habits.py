@@ -122,7 +122,10 @@ def test_docs_list_every_async_default_that_differs_from_trls():
         warnings.simplefilter("ignore")  # TRL's "experimental" warning
         from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
 
+    from transformers import TrainingArguments
+
     ours, theirs = _defaults(AsyncGRPOConfig), _defaults(TRLAsyncGRPOConfig)
+    transformers_own = _defaults(TrainingArguments)
     page = (ROOT / "docs" / "api.md").read_text()
     grpo_section = page.split("## Where the defaults differ from TRL's", 1)[1].split(
         "\n### ", 1)[0]
@@ -135,8 +138,11 @@ def test_docs_list_every_async_default_that_differs_from_trls():
     grpo_rows, async_rows = rows(grpo_section), rows(async_section)
     differ = {k for k in set(ours) & set(theirs) if ours[k] != theirs[k]
               and grpo_rows.get(k) != (repr(ours[k]), repr(theirs[k]))}
-    assert set(async_rows) == differ, (f"the asynchronous table lists {sorted(async_rows)}; "
-                                       f"the defaults that differ are {sorted(differ)}")
+    # as above: a default TRL inherits from transformers may move with transformers' version
+    inherited = {k for k in differ if k in transformers_own and transformers_own[k] == theirs[k]}
+    assert differ - inherited <= set(async_rows) <= differ, (
+        f"the asynchronous table lists {sorted(async_rows)}; the defaults that differ are "
+        f"{sorted(differ)} (of them, transformers' own: {sorted(inherited)})")
     wrong = [f"{k}: page says {async_rows[k]}, code {ours[k]!r} / TRL {theirs[k]!r}"
              for k in async_rows if async_rows[k] != (repr(ours[k]), repr(theirs[k]))]
     assert not wrong, "\n".join(wrong)
