@@ -211,7 +211,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         """Stage 3 on the step's groups (grpo_step.to_batch): the batch, its completions and
         each reward function's scores."""
         step = SampledGroups.concat(groups)
-        return grpo_step.to_batch(self, step), step.out, step.parts
+        return self.make_batch(step.problems, step)
 
     def _set_threads(self, count: int) -> None:
         """The calling thread's torch threads, on the CPU only: on a GPU the kernels run there
