@@ -29,7 +29,7 @@ from ..model.pretrained import SMOLLM2, smollm2_path
 from ..serve.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..train.async_config import AsyncGRPOConfig
 from ..util.argv import flag_args
-from ..util.jsonl import JsonlTail, read_jsonl
+from ..util.jsonl import JsonlTail
 from ..watch.live_stats import proxy_stats, replica_cache_stats
 from ..watch.metrics import plot_training, read_metrics
 from ..watch.plots import plot_pipeline
@@ -172,7 +172,6 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     trained = json.loads((out / "summary.json").read_text())
     records = read_metrics(out / "metrics.jsonl")
     steps = [r for r in records if r.get("step", 0) > 0]
-    syncs = read_jsonl(out / "syncs.jsonl")
     router = stats.get("router", stats)
     ratios = [r["ratio"] for r in steps if "ratio" in r]
     summary = {
@@ -181,7 +180,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
         "accuracy_before": trained["accuracy_before"], "accuracy_after": trained["accuracy_after"],
         "accuracy_gain": trained["accuracy_after"] - trained["accuracy_before"],
         "steps": trained["steps"], "samples": trained["samples"],
-        "syncs": len(syncs), "sync_p50_s": statistics.median(s["sync_s"] for s in syncs),
+        "syncs": trained["syncs"], "sync_p50_s": trained["sync_p50_s"],
         "router": {k: router.get(k) for k in ("routed", "affinity", "spilled", "unmatched")},
         "prefix_cache": cache, "block_size": block_size,
         "proxy": {k: stats.get(k) for k in ("marked_down", "rerouted", "errors", "down_reasons")},
