@@ -42,7 +42,7 @@ RUNS = {  # name: (trainer, settings, the finding it must raise or None for a he
        for s in range(3)},
     **{f"healthy async LoRA (04), seed {s}": ("async", dict(steps=60, seed=s), None)
        for s in range(3)},
-    "cap of 1 token": ("sync", dict(steps=15, max_new_tokens=1), "completions_cut"),
+    "cap of 1 token": ("sync", dict(steps=15, max_completion_length=1), "completions_cut"),
     "temperature 1e-3": ("sync", dict(steps=15, temperature=1e-3), "no_learning_signal"),
     "learning rate 1e-12": ("sync", dict(steps=90, learning_rate=1e-12), "reward_flat"),
     "full fine-tuning at 1e-2": ("sync", dict(steps=15, use_lora=False, learning_rate=1e-2),

@@ -119,7 +119,7 @@ def train_real_shape(args) -> dict:
     config = GRPOConfig(model=str(path), dataset=str(files["train"]),
                         eval_split=str(files["test"]), steps=args.steps,
                         prompts_per_step=args.shape_prompts, num_generations=args.generations,
-                        max_new_tokens=args.shape_new_tokens, device=args.device,
+                        max_completion_length=args.shape_new_tokens, device=args.device,
                         dtype=args.dtype, use_lora=True, lora_rank=8, learning_rate=1e-5,
                         eval_every=0, eval_size=4, log_every=10**6, progress=False,
                         log_completions_every=0)

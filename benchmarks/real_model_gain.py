@@ -36,7 +36,7 @@ for (a 1-thread or no-vector run is slower by design: its gain is judged, not it
 
 RESULTS = Path(__file__).parent / "results" / "real_model_gain.json"
 SETTINGS = dict(model="smollm2-135m", task="sum_form", difficulty=30, steps=30,
-                prompts_per_step=8, num_generations=8, max_new_tokens=14, temperature=1.0,
+                prompts_per_step=8, num_generations=8, max_completion_length=14, temperature=1.0,
                 learning_rate=5e-4,
                 lora_rank=8, eval_size=256, eval_every=15, log_every=5,
                 log_completions_every=0, progress="false")

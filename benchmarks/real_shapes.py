@@ -170,7 +170,7 @@ def grpo_lab_config(args, mode: str):
     return GRPOConfig(
         model=str(path), dataset=str(files["train"]), eval_split=str(files["test"]),
         reward="math_answer", steps=args.steps, prompts_per_step=args.prompts,
-        num_generations=args.generations, max_new_tokens=args.max_new_tokens,
+        num_generations=args.generations, max_completion_length=args.max_new_tokens,
         use_lora=mode == "lora", lora_rank=args.lora_rank, learning_rate=args.lr,
         gradient_checkpointing=args.checkpointing, device="cpu", dtype="float32",
         num_threads=args.threads, seed=args.seed, eval_every=0, log_every=10**6,

@@ -83,7 +83,7 @@ def notebook_config(steps: int, seed: int, threads: int) -> GRPOConfig:
     if MODEL != "tiny":
         return GRPOConfig(model=MODEL, task="sum_form", difficulty=30, steps=steps,
                           prompts_per_step=8, num_generations=8, lora_rank=8,
-                          learning_rate=5e-4, max_new_tokens=14, eval_size=256, seed=seed,
+                          learning_rate=5e-4, max_completion_length=14, eval_size=256, seed=seed,
                           num_threads=threads, eval_every=0, log_every=10**6, progress=False,
                           log_completions_every=0)
     return GRPOConfig(steps=steps, prompts_per_step=16, num_generations=8, use_lora=True,
@@ -122,7 +122,7 @@ def run_trl(steps: int, seed: int, threads: int, run_dir: Path,
     config = notebook_config(steps, seed, threads)
     torch.set_num_threads(threads)
     task = config.make_task()
-    max_new_tokens = config.max_new_tokens or task.max_answer_chars + 2
+    max_new_tokens = config.max_completion_length or task.max_answer_chars + 2
     problems = task.sample_batch(random.Random(seed), steps * config.prompts_per_step)
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
     args = TRLConfig(

@@ -76,3 +76,13 @@ def fill_in_solutions(notebook_path: str | os.PathLike, out_path: str | os.PathL
     out_path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, out_path)
     return used
+
+
+def solution_file(exercise_id: str) -> str:
+    """Where exercise `exercise_id`'s solution is, as a learner reads it: the repository's
+    `solutions/<notebook stem>/<id>.py` (the folder is found by the notebook number)."""
+    number = exercise_id.split(".", 1)[0]
+    folders = sorted(SOLUTIONS_DIR.glob(f"{number}_*")) if SOLUTIONS_DIR.is_dir() else []
+    folder = folders[0].name if folders else f"{number}_..."
+    return f"solutions/{folder}/{exercise_id}.py"
+

@@ -101,8 +101,9 @@ def plot_lengths(lengths: Sequence[int], cap: int, cut_at: int):
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ax.hist(lengths, bins=range(0, cap + 2), rwidth=0.85)
-    ax.axvline(cut_at + 0.5, color="tab:red", label=f"max_new_tokens={cut_at}")
-    ax.set(xlabel=f"completion length (tokens) at max_new_tokens={cap}", ylabel="completions",
+    ax.axvline(cut_at + 0.5, color="tab:red", label=f"max_completion_length={cut_at}")
+    ax.set(xlabel=f"completion length (tokens) at max_completion_length={cap}",
+           ylabel="completions",
            title="the baseline's completion lengths")
     ax.legend()
     fig.tight_layout()

@@ -1,11 +1,12 @@
-"""The course's own cells, as one call each: an exercise's check, a prediction checked against a
-run, and a notebook's ending (record its results, show its goals as a table).
+"""The course's own cells, as one call each: an exercise's check, a quiz question's, a prediction
+checked against a run, and a notebook's ending (record its results, show its goals as a table).
 
 A notebook imports them with `from grpo_lab_course.lesson import check_answer, check_prediction,
 finish` (`course` is installed beside `grpo_lab` by `pip install -e .`). The goals a notebook shows
 are the ones its tests check: `grpo_lab_course/goals.py`.
 
     exercises["01.1"] = check_answer("01.1", my_answer, expected=lambda: core.group_advantages(..))
+    exercises["01.2"] = check_choice("01.2", answer, correct="a", why="...")
     exercises["01.4"], runs = check_prediction("01.4", predicted_kl_ratio, run=lambda: ...,
                                                outcome=lambda runs: ..., explain="...")
     finish("01_grpo_from_scratch", results_path, exercises=exercises, accuracy_before=...)
@@ -23,13 +24,19 @@ from typing import Any
 
 from grpo_lab_course.notebook_results import record_results
 
+from .exercises import solution_file
 from .goals import NOTEBOOK_GOALS, missed_goals
 
 # PEFT calls transformers' deprecated `is_gradient_checkpointing` on every adapter it builds:
 # a red box in each notebook that builds one, about neither PEFT's use nor the lesson.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
-_NOT_ATTEMPTED = "Exercise {}: not attempted yet (replace the None in the cell above, run both)"
+
+
+def _not_attempted(exercise_id: str) -> None:
+    """How an exercise is done, said where a learner meets it: under its untouched check."""
+    print(f"Exercise {exercise_id}: not attempted yet. Replace the None in the cell above, run "
+          f"it, then this one (a solution: {solution_file(exercise_id)}).")
 
 
 def _close(answer: Any, expected: Any, tolerance: float) -> bool:
@@ -61,7 +68,7 @@ def check_answer(exercise_id: str, answer: Any, expected: Callable[[], Any] | No
 
     `expected` is a function so that it is computed only once there is an answer to compare."""
     if answer is None:
-        print(_NOT_ATTEMPTED.format(exercise_id))
+        _not_attempted(exercise_id)
         return None
     if (expected is None) == (passes is None):
         raise TypeError("check_answer takes exactly one of expected= and passes=")
@@ -72,6 +79,28 @@ def check_answer(exercise_id: str, answer: Any, expected: Callable[[], Any] | No
     else:
         assert passes(answer), f"Exercise {exercise_id}: not yet. {hint}".rstrip()
     print(f"Exercise {exercise_id}: correct!")
+    return True
+
+
+def check_choice(exercise_id: str, choice: str | None, *, correct: str,
+                 why: str | Callable[[], str], choices: str = "abcd",
+                 hint: str = "") -> bool | None:
+    """A quiz question's check: None (and a note) while `choice` is None; True and the reason
+    (`why`, or `why()`: computed only then) for the right letter; False and `hint` for another
+    one (a quiz is a step of the lesson: a wrong letter is told so, not raised). A letter outside
+    `choices` is a ValueError that names them."""
+    if choice is None:
+        _not_attempted(exercise_id)
+        return None
+    letter = str(choice).strip().lower().strip("()")
+    if len(letter) != 1 or letter not in choices:
+        raise ValueError(f"Exercise {exercise_id}: answer with one of "
+                         f"{', '.join(repr(c) for c in choices)} (got {choice!r})")
+    if letter != correct:
+        print(f"Exercise {exercise_id}: not ({letter}). {hint}".rstrip()
+              + " Read the question again, and try another letter.")
+        return False
+    print(f"Exercise {exercise_id}: correct, ({letter}). Why: {why() if callable(why) else why}")
     return True
 
 
@@ -87,7 +116,7 @@ def check_prediction(exercise_id: str, prediction: Any, run: Callable[[], Any], 
 
     `tolerance`: for numbers, the relative distance at which the prediction counts as right."""
     if prediction is None:
-        print(_NOT_ATTEMPTED.format(exercise_id))
+        _not_attempted(exercise_id)
         return None, None
     result = run()
     measured = outcome(result)
@@ -121,7 +150,9 @@ def show_goals(notebook: str, results: dict) -> None:
     """The goals as a table: HTML in a notebook, text elsewhere."""
     rows = goals_table(notebook, results)
     done = [ok for ok in (results.get("exercises") or {}).values() if ok]
-    exercises = f"{len(done)} of {len(results.get('exercises') or {})} exercises solved"
+    exercises = (f"{len(done)} of {len(results.get('exercises') or {})} exercises solved "
+                 f"(`python -m grpo_lab_course {notebook.split('_', 1)[0]} --with-solutions` "
+                 "runs this notebook with the solutions filled in)")
     try:
         from IPython import get_ipython
         from IPython.display import HTML, display
@@ -129,12 +160,13 @@ def show_goals(notebook: str, results: dict) -> None:
     except ImportError:
         in_notebook = False
     if in_notebook:
+        solved_html = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(exercises))
         marks = {True: "&#10003;", False: "&#10007; missed", None: "not attempted yet"}
         body = "".join(f"<tr><td style='text-align:left'>{html.escape(goal)}</td>"
                        f"<td>{marks[ok]}</td></tr>" for goal, ok in rows)
         display(HTML(f"<table><thead><tr><th style='text-align:left'>What this notebook set out "
                      f"to show</th><th>met</th></tr></thead><tbody>{body}</tbody></table>"
-                     f"<p>{exercises}</p>"))
+                     f"<p>{solved_html}</p>"))
     else:
         for goal, ok in rows:
             print(f"{ {True: 'met   ', False: 'MISSED', None: 'to do '}[ok]}  {goal}")

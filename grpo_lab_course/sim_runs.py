@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from grpo_lab.model.memory_model import GiB
 from grpo_lab.plan.flavors import flavors
-from grpo_lab.plan.run_memory import model_shape, replica_gib
+from grpo_lab.plan.run_forecast import model_shape, replica_gib
 from grpo_lab.plan.sim_blog import BLOG_RUNS, blog_costs, blog_setting
 from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
 from grpo_lab.plan.simulator import simulate
@@ -155,7 +155,7 @@ def plot_predicted_vs_published(rows: list[dict]):
 def max_sequences(model, gpu_memory_gib: float, sequence_tokens: int,
                   gpu_memory_utilization: float = 0.85) -> int:
     """The most full-length sequences one replica holds at once: bfloat16 weights + their KV
-    cache within `gpu_memory_utilization` of the GPU (grpo_lab.plan.run_memory.replica_gib)."""
+    cache within `gpu_memory_utilization` of the GPU (grpo_lab.plan.run_forecast.replica_gib)."""
     shape = model_shape(model)
     limit = gpu_memory_gib * gpu_memory_utilization
     one = replica_gib(shape, 1, sequence_tokens) - replica_gib(shape, 0, sequence_tokens)

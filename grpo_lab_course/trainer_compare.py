@@ -85,7 +85,7 @@ def config_rows(config, ours, args, lora) -> list[tuple]:
         ("steps", config.steps, "max_steps", args.max_steps),
         ("prompts_per_step * num_generations", config.prompts_per_step * config.num_generations,
          "per_device_train_batch_size", args.per_device_train_batch_size),
-        ("max_new_tokens (None = answer + 2)", ours.max_new_tokens,
+        ("max_completion_length (None = answer + 2)", ours.max_completion_length,
          "max_completion_length", args.max_completion_length),
         ("scale_rewards (True / False)", {True: "group", False: "none"}[config.scale_rewards],
          "scale_rewards ('group' / 'none')", args.scale_rewards),
@@ -160,7 +160,7 @@ def print_answers(trainer, rewards, problems, title: str) -> None:
 
     trainer.model.eval()
     out = generate_completions(trainer.model, trainer.tokenizer, [p.prompt for p in problems],
-                               max_new_tokens=trainer.max_new_tokens, do_sample=False,
+                               max_new_tokens=trainer.max_completion_length, do_sample=False,
                                **trainer.prompt_format)
     scores, _ = rewards.score(out.texts, [p.answer for p in problems])
     print(f"== {title}")

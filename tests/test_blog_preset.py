@@ -13,7 +13,6 @@ import pytest
 from launcher_helpers import BUCKET, TOKEN, FakeJobs, blog_plan, flag_values
 
 from grpo_lab.cli.main import main
-from grpo_lab.launch.blog import BLOG_TRAINING, PRESETS
 from grpo_lab.launch.hf_jobs import (
     HfJobsLauncher,
     build_package_wheel,
@@ -21,6 +20,7 @@ from grpo_lab.launch.hf_jobs import (
     upload_to_buckets,
 )
 from grpo_lab.launch.local import LaunchError
+from grpo_lab.launch.recipe_config import BLOG_TRAINING, PRESETS
 from grpo_lab.launch.recipe_plan import (
     preset_config,
     recipe_plan,

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.data.prompts import encode_prompts
 from grpo_lab.data.rewards import math_answer_reward
-from grpo_lab.data.word_problems import word_problems, write_word_problems
+from grpo_lab.data.tasks import word_problems, write_word_problems
 from grpo_lab.model.chat_model import (
     DATA_FOLDER,
     SYSTEM_PROMPT,

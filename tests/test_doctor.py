@@ -28,7 +28,7 @@ def _run(tmp_path=None, **settings):
 
 def test_a_length_cap_of_one_token_is_named_once_with_its_evidence(tmp_path, tiny_model_dir,
                                                                    capsys):
-    trainer, codes = _run(tmp_path, steps=12, max_new_tokens=1)
+    trainer, codes = _run(tmp_path, steps=12, max_completion_length=1)
     assert "completions_cut" in codes and codes.count("completions_cut") == 1
     finding = next(f for f in trainer.logger.findings if f.code == "completions_cut")
     assert finding.evidence["metric"] == "completions/clipped_ratio"

@@ -98,7 +98,7 @@ def test_the_options_are_validated_and_the_async_trainers_refuse_it():
 
 
 SMALL = dict(steps=1, prompts_per_step=4, num_generations=4, eval_every=0, eval_size=4,
-             progress=False, log_completions_every=0, max_new_tokens=5)
+             progress=False, log_completions_every=0, max_completion_length=5)
 
 
 # Exact match on prompts whose answer is even; 0 for every completion of the others: a group

@@ -89,7 +89,7 @@ SMALL = dict(steps=2, prompts_per_step=2, num_generations=3, eval_every=0, eval_
                          ids=["sync", "async"])
 def test_both_trainers_log_entropy_and_completion_lengths(tiny_model_dir, trainer_class,
                                                           config_class):
-    cfg = config_class(model=str(tiny_model_dir), max_new_tokens=3, **SMALL)
+    cfg = config_class(model=str(tiny_model_dir), max_completion_length=3, **SMALL)
     trainer = trainer_class(cfg)
     records = [r for r in trainer.train() if "reward" in r]
     vocab = trainer.model.config.vocab_size

@@ -10,7 +10,6 @@ import torch
 
 matplotlib.use("Agg")
 
-from grpo_lab.watch.diagnose import made_up_windows, rule_agrees  # noqa: E402
 from grpo_lab_course import failure_plots as fp  # noqa: E402
 
 
@@ -85,11 +84,3 @@ def test_token_push_is_1_over_BL_for_grpo_and_constant_for_dr_grpo():
     assert torch.allclose(fp.token_push(batch, "grpo", 4), 1 / (3 * lengths), rtol=1e-5)
     assert torch.allclose(fp.token_push(batch, "dr_grpo", 4), torch.full((3,), 1 / 12),
                           rtol=1e-5)
-
-
-def test_rule_agrees_with_diagnose_only_when_it_is_the_rule():
-    windows = made_up_windows(60)
-    assert {d.bottleneck for d in windows} == {"trainer", "generation", "balanced"}
-    verdicts = {id(d.numbers): d.bottleneck for d in windows}
-    assert rule_agrees(lambda n: verdicts[id(n)], windows)
-    assert not rule_agrees(lambda n: "balanced", windows)

@@ -19,7 +19,6 @@ from launcher_helpers import BUCKET, PY, TOKEN, FakeJobs, blog_plan, flag_values
 
 from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser, main
-from grpo_lab.launch.blog import BLOG_TRAINING
 from grpo_lab.launch.hf_jobs import (
     HfJobsLauncher,
     hf_jobs_commands,
@@ -27,7 +26,7 @@ from grpo_lab.launch.hf_jobs import (
 )
 from grpo_lab.launch.install import CPU_TORCH_INDEX, IMAGE_PINS, wheel_install
 from grpo_lab.launch.local import LaunchError, fill_urls
-from grpo_lab.launch.recipe_config import RecipeConfig
+from grpo_lab.launch.recipe_config import BLOG_TRAINING, RecipeConfig
 from grpo_lab.launch.recipe_plan import recipe_plan
 from grpo_lab.launch.replica_commands import max_lora_rank
 from grpo_lab.launch.specs import (
@@ -330,16 +329,16 @@ def test_the_trainer_device_and_training_follow_the_flavor(tmp_path):
     config = config_from_args(args, AsyncGRPOConfig)
     assert config_from_args(args, TrainAsyncJobConfig).local_dir == LOCAL_RUN_DIR
     assert (config.loss_type, config.weight_sync_steps, config.token_budget) == ("dapo", 4, 16384)
-    assert {k: gpu[k] for k in ("--dataset", "--learning-rate", "--max-new-tokens",
+    assert {k: gpu[k] for k in ("--dataset", "--learning-rate", "--max-completion-length",
                                 "--weight-sync-steps")} == {
         "--dataset": "sail/Sanity-Test-R1D-1.5B", "--learning-rate": "4e-05",
-        "--max-new-tokens": "3000", "--weight-sync-steps": "4"}
+        "--max-completion-length": "3000", "--weight-sync-steps": "4"}
     assert trainer_flags(recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r",
-                                     max_completion_length=512))["--max-new-tokens"] == "512"
+                                     max_completion_length=512))["--max-completion-length"] == "512"
     cpu = trainer_flags(recipe_plan(backend="hf-jobs", bucket=BUCKET, run_name="r",
                                     trainer_flavor="cpu-upgrade"))
     assert cpu["--device"] == "cpu" and cpu["--local-dir"] == LOCAL_RUN_DIR
-    assert not {"--dataset", "--learning-rate", "--max-new-tokens"} & set(cpu)
+    assert not {"--dataset", "--learning-rate", "--max-completion-length"} & set(cpu)
     local = trainer_flags(recipe_plan(bucket=str(tmp_path), run_name="r"))
     assert local["--device"] == "auto" and "--local-dir" not in local
 

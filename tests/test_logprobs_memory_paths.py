@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_lab.algo import logprobs as lp
 from grpo_lab.algo.logprobs import completion_logits, policy_logprobs_and_entropy
-from grpo_lab.data.datasets import DATASET_MAX_NEW_TOKENS, load_dataset_task
+from grpo_lab.data.datasets import DATASET_MAX_COMPLETION_LENGTH, load_dataset_task
 from grpo_lab.model.evaluation import token_batches
 from grpo_lab.model.generation import sample_from_ids, sampling_config
 from grpo_lab.train.config import GRPOConfig
@@ -165,11 +165,11 @@ def test_a_dataset_defaults_to_trls_completion_length(tmp_path):
     write_jsonl(rows, tmp_path / "data.jsonl")
     task = load_dataset_task(tmp_path / "data.jsonl", eval_fraction=0.2)
     assert task.max_answer_chars == 2
-    assert task.default_max_new_tokens == DATASET_MAX_NEW_TOKENS == 256
+    assert task.default_max_completion_length == DATASET_MAX_COMPLETION_LENGTH == 256
 
 
 def test_the_trainer_warns_once_when_completions_hit_the_cap(tiny_model_dir, capsys):
-    trainer = _trainer(tiny_model_dir, max_new_tokens=1)  # every answer needs more
+    trainer = _trainer(tiny_model_dir, max_completion_length=1)  # every answer needs more
     trainer.train(steps=2)
     warned = capsys.readouterr().err
-    assert warned.count("reached max_new_tokens=1") == 1, warned
+    assert warned.count("reached max_completion_length=1") == 1, warned

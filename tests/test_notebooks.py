@@ -80,7 +80,7 @@ def test_exercises_have_solutions_and_untouched_checks_say_not_attempted(noteboo
         assert check.cell_type == "code" and f'exercises["{exercise_id}"]' in check.source
         # the check cell's helpers (grpo_lab_course.lesson), imported by the notebook's first cells
         namespace = {"exercises": {}, **{name: getattr(lesson, name) for name in
-                                         ("check_answer", "check_prediction")}}
+                                         ("check_answer", "check_choice", "check_prediction")}}
         exec(compile(nb.cells[index].source, f"{exercise_id} stub", "exec"), namespace)
         exec(compile(check.source, f"{exercise_id} check", "exec"), namespace)
         assert namespace["exercises"] == {exercise_id: None}, exercise_id
@@ -198,6 +198,25 @@ def test_side_chapters_sort_after_their_number(tmp_path):
     assert find_notebook("01b", tmp_path).stem == "01b_side"
     with pytest.raises(FileNotFoundError, match="01b_side"):
         find_notebook("03", tmp_path)
+
+
+def test_a_quiz_question_says_why_when_right_and_does_not_raise_when_wrong(capsys):
+    """`check_choice`: None untouched; the right letter (any case, in brackets or not) is True
+    with its reason, computed only then; another letter is False with the hint, not a traceback;
+    a letter that is not a choice names the choices."""
+    reasons = []
+
+    def why():
+        reasons.append(1)
+        return "because"
+
+    assert lesson.check_choice("00.9", None, correct="b", why=why) is None
+    assert lesson.check_choice("00.9", "a", correct="b", why=why, hint="Look again.") is False
+    assert not reasons and "not (a). Look again." in capsys.readouterr().out
+    assert lesson.check_choice("00.9", "(B)", correct="b", why=why) is True
+    assert reasons == [1] and "Why: because" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one of 'a', 'b', 'c' .got 'e'"):
+        lesson.check_choice("00.9", "e", correct="b", why=why, choices="abc")
 
 
 def test_finish_counts_an_exercise_goal_only_once_the_exercise_is_attempted(tmp_path, capsys,

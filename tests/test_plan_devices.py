@@ -1,5 +1,5 @@
 """A local plan on a machine with GPUs: each job its own devices, or a share of one
-(grpo_lab.launch.local_devices). The GPUs are a count given to the functions, or torch's count
+(grpo_lab.launch.local). The GPUs are a count given to the functions, or torch's count
 faked: nothing runs on a GPU here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_lab.cli.main import main
-from grpo_lab.launch.local_devices import JobDevices, assign_devices, threads_per_process
+from grpo_lab.launch.local import JobDevices, assign_devices, threads_per_process
 from grpo_lab.launch.recipe_plan import recipe_plan
 
 

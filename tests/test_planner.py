@@ -12,7 +12,7 @@ from grpo_lab.model.memory_model import GiB, StepSetting, num_parameters, step_m
 from grpo_lab.model.shaped_models import QWEN25_MATH_15B
 from grpo_lab.plan.flavors import EXPOSED_PORT_USD_PER_H, FLAVORS, flavors
 from grpo_lab.plan.planner import STARTUP_S, forecast_plan, plan_run
-from grpo_lab.plan.run_memory import model_shape, trainer_gib
+from grpo_lab.plan.run_forecast import model_shape, trainer_gib
 from grpo_lab.plan.sim_blog import blog_setting
 
 SMALL = ["t4-small", "l4x1", "a10g-small", "l40sx1", "a100-large", "h200"]

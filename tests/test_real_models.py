@@ -30,7 +30,7 @@ def chat_config(model_dir, **overrides) -> dict:
     data = model_dir / "data"
     values = dict(model=str(model_dir), dataset=str(data / "train.jsonl"),
                   eval_split=str(data / "test.jsonl"), reward="math_answer,format",
-                  reward_weights="1,0.2", system_prompt=SYSTEM_PROMPT, max_new_tokens=24,
+                  reward_weights="1,0.2", system_prompt=SYSTEM_PROMPT, max_completion_length=24,
                   steps=3, prompts_per_step=4, num_generations=4, eval_size=16, eval_every=0,
                   progress=False, log_every=100, learning_rate=2e-3)
     values.update(overrides)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fake_http import FakeServer
 
-from grpo_lab.rollout.replica_check import check_replicas, serves_model
+from grpo_lab.rollout.http_generator import check_replicas, serves_model
 
 HUB = "Qwen/Qwen3-0.6B"
 

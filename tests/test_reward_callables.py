@@ -99,7 +99,7 @@ def test_evaluation_calls_its_reward_as_training_does(tmp_path, tiny_model_dir):
     from grpo_lab.train.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(GRPOConfig(dataset=str(data), reward=unit_reward, eval_size=8,
-                                     max_new_tokens=8, progress=False))
+                                     max_completion_length=8, progress=False))
     assert 0.0 <= trainer.evaluate() <= 1.0
     assert len(trainer.eval_answers[0]) == 8  # the greedy replies, kept by step
 

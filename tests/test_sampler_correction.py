@@ -273,7 +273,7 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
     # pi_old from the update's own forward, each micro-batch corrected before its loss.
     proximal = ProximalLogprobs(trainer, batch)
     loss, _ = accumulate_grpo_loss(trainer.model, micro_batches, temperature=1.0, backward=False,
-                                   max_completion_length=trainer.max_new_tokens,
+                                   max_completion_length=trainer.max_completion_length,
                                    on_logprobs=proximal)
     metrics = trainer.sampler_metrics(batch, proximal.logps)
 
@@ -312,7 +312,7 @@ def test_async_trainer_corrects_every_micro_batch(tiny_model_dir, mode):
     assert metrics["kl"] > 1e-3
 
     whole, _ = core.grpo_loss(trainer_logps, trainer_logps, batch.advantages, batch.completion_mask,
-                              max_completion_length=trainer.max_new_tokens,
+                              max_completion_length=trainer.max_completion_length,
                               importance_weights=weights)
     # At ratio 1 the loss averages -A w: the weights move with the logprobs, the sum rounds.
     terms = (batch.advantages.unsqueeze(1) * weights.expand_as(trainer_logps))[real]

@@ -127,7 +127,7 @@ def test_one_grpo_step_at_the_real_vocabulary(vocab_only):
     files = dataset_files(folder)
     config = GRPOConfig(model=str(folder), dataset=str(files["train"]),
                         eval_split=str(files["test"]), reward="math_answer", prompts_per_step=1,
-                        num_generations=2, max_new_tokens=4, steps=1, eval_every=0,
+                        num_generations=2, max_completion_length=4, steps=1, eval_every=0,
                         progress=False, log_completions_every=0, device="cpu", dtype="float32")
     model, tokenizer = load_model_and_tokenizer(folder)
     model.generation_config.min_new_tokens = 4  # as benchmarks/real_shapes.py does

@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from grpo_lab.plan.run_memory import model_shape, replica_gib  # noqa: E402
+from grpo_lab.plan.run_forecast import model_shape, replica_gib  # noqa: E402
 from grpo_lab.plan.sim_blog import BLOG_RUNS, blog_costs, blog_setting
 from grpo_lab_course.pipeline_runs import plot_runs, runs_table, summarize  # noqa: E402
 from grpo_lab_course.sim_runs import (  # noqa: E402

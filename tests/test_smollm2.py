@@ -75,7 +75,7 @@ def test_one_grpo_step_on_the_real_model_trains_its_lora(smollm2_dir, tmp_path):
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = GRPOConfig(model=SMOLLM2, dataset=str(data), eval_split=str(data),
-                        reward=length_reward, max_new_tokens=4, steps=1, prompts_per_step=2,
+                        reward=length_reward, max_completion_length=4, steps=1, prompts_per_step=2,
                         num_generations=2, eval_size=2, eval_every=0, lora_rank=2,
                         learning_rate=1e-2, progress=False, log_every=100,
                         log_completions_every=0, doctor=False)

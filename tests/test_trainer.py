@@ -194,10 +194,13 @@ def test_the_docs_metric_table_is_the_glossary():
 
 def test_a_prompt_and_completion_past_the_models_context_are_refused(tiny_model_dir):
     """The synchronous path refuses what the servers refuse with a 400: a prompt plus
-    max_new_tokens beyond the model's context (the tiny model's 64 positions), before any step."""
-    trainer = GRPOTrainer(GRPOConfig(max_new_tokens=60, steps=1, progress=False, eval_size=8))
-    with pytest.raises(ValueError, match=r"plus max_new_tokens=60 is \d+ tokens, past the "
-                                         r"model's context of 64 \(max_position_embeddings\)"):
+    max_completion_length beyond the model's context (the tiny model's 64 positions), before any
+    step."""
+    trainer = GRPOTrainer(GRPOConfig(max_completion_length=60, steps=1, progress=False,
+                                     eval_size=8))
+    with pytest.raises(ValueError, match=r"plus 60 completion tokens \(max_completion_length\) "
+                                         r"is \d+ tokens, past the model's context of 64 "
+                                         r"\(max_position_embeddings\)"):
         trainer.train()
 
 

@@ -28,7 +28,7 @@ def test_config_rows_find_a_mismatch(capsys):
     config = SimpleNamespace(**{n: 1 for n in compare.SAME_NAME}, steps=5, prompts_per_step=2,
                              scale_rewards=True, epsilon_low=0.2,
                              lora_rank=1, effective_lora_alpha=2)
-    ours = SimpleNamespace(max_new_tokens=5,
+    ours = SimpleNamespace(max_completion_length=5,
                            optimizer=SimpleNamespace(defaults={"weight_decay": 0.0,
                                                                "betas": (0.9, 0.95)}))
     args = SimpleNamespace(**{n: 1 for n in compare.SAME_NAME}, max_steps=5,

@@ -3,6 +3,7 @@ values and a `datasets.Dataset` are taken, and docs/api.md lists every default t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import warnings
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_lab.cli.flags import add_config_flags
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.config import TRL_ALIASES, TRL_NAMES, GRPOConfig
 
@@ -46,7 +48,7 @@ def test_trls_names_for_the_same_knobs_are_taken():
     config = GRPOConfig(max_steps=3, max_completion_length=8, logging_steps=2, eval_steps=5,
                         epsilon=0.3, per_device_train_batch_size=16,
                         gradient_accumulation_steps=2, num_generations=4, bf16=False)
-    assert (config.steps, config.max_new_tokens, config.log_every, config.eval_every) == \
+    assert (config.steps, config.max_completion_length, config.log_every, config.eval_every) == \
         (3, 8, 2, 5)
     assert (config.epsilon_low, config.epsilon_high) == (0.3, 0.3)
     assert (config.prompts_per_step, config.dtype) == (8, "float32")  # 16 x 2 completions / 4
@@ -54,6 +56,20 @@ def test_trls_names_for_the_same_knobs_are_taken():
         GRPOConfig(max_steps=2, steps=3)
     with pytest.raises(ValueError, match="must be a multiple of num_generations"):
         GRPOConfig(per_device_train_batch_size=6)
+
+
+def test_the_old_name_of_a_renamed_knob_still_works_with_a_warning():
+    """`max_new_tokens` became TRL's `max_completion_length`: a script with the old name keeps
+    running, told the new name, in Python and on the command line."""
+    with pytest.warns(FutureWarning, match="'max_new_tokens' is now 'max_completion_length'"):
+        config = GRPOConfig(max_new_tokens=7)
+    assert config.max_completion_length == 7
+    with pytest.raises(TypeError, match="the same knob"), pytest.warns(FutureWarning):
+        GRPOConfig(max_new_tokens=7, max_completion_length=8)
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    assert parser.parse_args(["--max-new-tokens", "9"]).max_completion_length == 9
+    assert parser.parse_args(["--max-completion-length", "9"]).max_completion_length == 9
 
 
 def test_scale_rewards_takes_trls_values():

@@ -382,7 +382,7 @@ def test_difference_defaults(tmp_path):
     assert (trl.learning_rate, ours.learning_rate) == (1e-6, 1e-3)
     assert trl.lr_scheduler_type == "linear"  # decays to 0; grpo_lab's lr is constant
     assert trl.weight_decay == 0.0 and trl.adam_beta2 == 0.999  # grpo_lab: 0.0 and 0.95
-    assert trl.max_completion_length == 512 and ours.max_new_tokens is None  # task + 2
+    assert trl.max_completion_length == 512 and ours.max_completion_length is None  # task + 2
     assert getattr(trl, CHECKPOINTING) is True  # `gradient_checkpointing` before 5.23
     assert trl.epsilon_high is None  # = epsilon
     assert (trl.scale_rewards, ours.scale_rewards) == ("group", True)

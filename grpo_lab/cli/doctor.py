@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 def replica_adapter_findings(server_url: str, adapter: str, api_key: str | None = None):
     """Findings for each replica (behind the proxy at `server_url`, or `server_url` itself) whose
     /v1/models does not list `adapter`."""
-    from ..rollout.replica_check import fetch_json, proxy_replicas
+    from ..rollout.http_generator import fetch_json, proxy_replicas
     from ..watch.doctor import Finding
 
     def fetch(url):

@@ -64,14 +64,18 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=None, defaults: dict |
     grpo_lab.util.argv's `flag_args` writes them that way. `cls` defaults to GRPOConfig.
     """
     cls = cls or _grpo_config()
+    from ..train.config import RENAMED
+    old_names = {new: old for old, new in RENAMED.items()}  # the old flag still works
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
         default = (defaults or {}).get(f.name, f.default)
         kind = _scalar_type(f.type)
+        names = [f.name] + ([old_names[f.name]] if f.name in old_names else [])
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, default=default, action=StoreGiven,
+            *(f"--{name.replace('_', '-')}" for name in names), dest=f.name, default=default,
+            action=StoreGiven,
             # argparse %-formats help text: a literal % (e.g. "~30 % more time") is doubled
             help=f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%"),
             **(BOOL_FLAG if kind is bool else {"type": kind}),

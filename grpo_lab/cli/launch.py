@@ -113,7 +113,8 @@ def _forecast_lines(config: RecipeConfig, extra: dict, mount_lag_s: float | None
 
 TIMEOUT_MARGIN, TIMEOUT_SLACK_S = 1.5, 1800.0
 """A job's `--timeout` when none is given, on GPU flavors: the forecast wall clock x 1.5 + 30
-minutes (the simulator's median error on the blog's figures is 16 %, its worst about 40 %)."""
+minutes (the simulator's median error over the blog's 29 figures is 16 %, its worst about 40 %;
+FORECAST_BAND, the printed band, is its largest on the runs it was not calibrated on)."""
 
 
 def timeout_seconds(text: str) -> float:

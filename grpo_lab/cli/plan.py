@@ -18,7 +18,7 @@ import json
 from .flags import BOOL_FLAG
 
 PRESET_FLAVORS = {"blog": ("h200", "h200x2")}
-"""--preset NAME: its replica and trainer flavors (grpo_lab.launch.blog.PRESETS)."""
+"""--preset NAME: its replica and trainer flavors (grpo_lab.launch.recipe_config.PRESETS)."""
 RECIPE_FLAGS = ("prompts_per_step", "num_generations", "weight_sync_steps")
 """The recipe's settings `grpo-lab plan` takes (PipelineSetting fields; the blog's by default)."""
 
@@ -91,7 +91,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`grpo-lab plan`: search, then print the recommendation (exit 2 with the reason if none)."""
-    from ..launch.blog import HF_BLOG_MODEL
+    from ..launch.recipe_config import HF_BLOG_MODEL
     from ..launch.recipe_plan import preset_config
     from ..plan.flavors import PRICES_COPIED, PRICES_SOURCE, flavors
     from ..plan.planner import REPLICA_COUNTS, forecast_plan, plan_run

@@ -83,15 +83,15 @@ class DatasetTask(Task):
         return self._max_answer_chars
 
     @property
-    def default_max_new_tokens(self) -> int:
-        """TRL's default completion length: a dataset's model writes its reasoning before the
-        answer, which no answer column bounds (GSM8K's solutions run to ~300 tokens)."""
-        return max(DATASET_MAX_NEW_TOKENS, self.max_answer_chars + 2)
+    def default_max_completion_length(self) -> int:
+        """A dataset's completion cap: its model writes its reasoning before the answer, which no
+        answer column bounds (GSM8K's solutions run to ~300 tokens)."""
+        return max(DATASET_MAX_COMPLETION_LENGTH, self.max_answer_chars + 2)
 
 
-DATASET_MAX_NEW_TOKENS = 256
-"""TRL GRPOConfig's `max_completion_length` default: the cap of a dataset's completions unless
-`max_new_tokens` is given."""
+DATASET_MAX_COMPLETION_LENGTH = 256
+"""The cap of a dataset's completions, in tokens, unless `max_completion_length` is given (TRL
+1.16's GRPOConfig starts from 512: half of it keeps a CPU run's steps short)."""
 
 
 def load_dataset_task(source: str | Path, *, split: str = "train",

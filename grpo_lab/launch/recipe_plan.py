@@ -5,7 +5,7 @@ backend (a process per job) or HF Jobs (a job each, grpo_lab installed from a wh
 bucket). The replicas start as the reference's `run_vllm_job.sh` starts vLLM; the proxy runs
 inside the trainer job on HF Jobs, as a job of its own locally (docs/internals.md, "The plan";
 docs/recipe.md, "Running the jobs"). Locally on GPUs each job is given its own
-(grpo_lab.launch.local_devices), or a share of one.
+(grpo_lab.launch.local), or a share of one.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from ..serve.process import GRPO_LAB
 from ..util.argv import flag_args
 from ..util.processes import free_port
 from ..watch.reporters import report_targets
-from .blog import HF_BLOG_MODEL, PRESETS
 from .install import wheel_install
-from .local_devices import assign_devices, threads_per_process, visible_gpus
-from .recipe_config import RecipeConfig
+from .local import assign_devices, threads_per_process, visible_gpus
+from .recipe_config import HF_BLOG_MODEL, PRESETS, RecipeConfig
 from .replica_commands import (
     block_size_flags,
     grpo_lab_replica_args,
@@ -166,7 +165,7 @@ def _local_plan(cfg: RecipeConfig, run_name: str, trainer_template: list[str]) -
     mount = str(bucket)
     model = cfg.base_model or "tiny"
     engine = cfg.engine or "grpo-lab"
-    # Devices (grpo_lab.launch.local_devices): without a GPU every job on the CPU, one thread
+    # Devices (grpo_lab.launch.local): without a GPU every job on the CPU, one thread
     # each; with GPUs, a GPU per replica if there are enough and the rest to the trainer.
     devices = assign_devices(visible_gpus(), cfg.replicas, cfg.gpu_memory_utilization)
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1",

@@ -150,7 +150,7 @@ class JobSpec:
             lines.append(f"  bucket:  {v.source} at {v.mount_path} ({mode})")
         if self.ports:
             lines.append(f"  ports:   {', '.join(map(str, self.ports))}")
-        if "CUDA_VISIBLE_DEVICES" in self.env:  # a local plan's devices (jobs.local_devices)
+        if "CUDA_VISIBLE_DEVICES" in self.env:  # a local plan's devices (launch.local)
             lines.append(f"  gpus:    {self.env['CUDA_VISIBLE_DEVICES'] or 'none'}"
                          + _memory_share(self.command))
         if self.health_url:

@@ -4,7 +4,7 @@ flags, on each backend and flavor (`{model}`, `{proxy_url}`, ... are filled in b
 from __future__ import annotations
 
 from ..util.argv import flag_args
-from .blog import BLOG_TRAINING
+from .recipe_config import BLOG_TRAINING
 from .specs import flavor_gpus
 
 DEFAULT_TRAINER_ARGS = (

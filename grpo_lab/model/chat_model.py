@@ -21,8 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ..data.prompts import encode_prompts
 from ..data.rewards import math_answer_reward
-from ..data.tasks import Problem
-from ..data.word_problems import word_problems, write_word_problems
+from ..data.tasks import Problem, word_problems, write_word_problems
 from ..util.jsonl import read_jsonl
 from .evaluation import greedy_accuracy
 from .model_build import (

@@ -118,9 +118,10 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and prompt_tokens + max_new_tokens > context:
         raise ValueError(
-            f"a prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} is "
-            f"{prompt_tokens + max_new_tokens} tokens, past the model's context of {context} "
-            "(max_position_embeddings): shorten the prompts or lower max_new_tokens")
+            f"a prompt of {prompt_tokens} tokens plus {max_new_tokens} completion tokens "
+            f"(max_completion_length) is {prompt_tokens + max_new_tokens} tokens, past the model's "
+            f"context of {context} (max_position_embeddings): shorten the prompts or lower "
+            "max_completion_length")
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ budget and `max_staleness`, and the wall clock and bill the pipeline simulator p
     forecast_plan(preset_config("blog"))           the forecast of one exact plan (no search)
 
 The search, every point through grpo_lab.plan.simulator (steps 2-4 of plan_run):
-1. memory first (grpo_lab.plan.run_memory): each trainer flavor's largest token budget
+1. memory first (grpo_lab.plan.run_forecast): each trainer flavor's largest token budget
    (TOKEN_BUDGETS_X) within TRAINER_MEMORY_FRACTION of a GPU, checkpointing off if it can; each
    replica flavor's caps whose KV cache fits `gpu_memory_utilization`; flavors another beats on
    every count (price, speed, memory) are dropped;
@@ -29,13 +29,20 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from ..launch.blog import BLOG_TRAINING, HF_BLOG_MODEL
-from ..launch.recipe_config import RecipeConfig
+from ..launch.recipe_config import BLOG_TRAINING, HF_BLOG_MODEL, RecipeConfig
 from ..model.memory_model import num_parameters
 from ..model.shaped_models import ModelShape
 from .flavors import EXPOSED_PORT_USD_PER_H, Flavor, flavor, flavors
-from .run_forecast import STARTUP_S, RunForecast, hours_text
-from .run_memory import largest_token_budget, model_shape, replica_gib, trainer_gib, trainer_limit
+from .run_forecast import (
+    STARTUP_S,
+    RunForecast,
+    hours_text,
+    largest_token_budget,
+    model_shape,
+    replica_gib,
+    trainer_gib,
+    trainer_limit,
+)
 from .sim_blog import blog_costs, blog_setting, costs_for
 from .sim_model import PipelineSetting
 from .simulator import simulate, summarize

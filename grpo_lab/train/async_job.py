@@ -24,8 +24,7 @@ from typing import ClassVar
 from ..bucket.adapters import AdapterBucket
 from ..bucket.checkpoint import Checkpoints, full_state
 from ..model.models import made_model_folder_name
-from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
-from ..rollout.replica_check import check_replicas
+from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator, check_replicas
 from ..serve.sampling_settings import sampling_settings
 from ..util.jsonl import read_jsonl
 from ..watch.metrics import read_metrics

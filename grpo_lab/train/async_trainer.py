@@ -96,7 +96,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         out = self.generator.generate(  # Stage 1
             prompt_ids, version=version, num_generations=cfg.num_generations,
-            max_new_tokens=self.max_new_tokens, temperature=cfg.temperature)
+            max_new_tokens=self.max_completion_length, temperature=cfg.temperature)
         rewards, parts = self.score(problems, out)  # Stage 2
         self._counters["gen_s"] += time.perf_counter() - start
         self._counters["gen_tokens"] += out.num_tokens

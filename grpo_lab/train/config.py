@@ -9,6 +9,7 @@ import copy
 import difflib
 import functools
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -26,7 +27,6 @@ LR_SCHEDULES = ("constant", "linear")
 
 TRL_ALIASES = {
     "max_steps": "steps",
-    "max_completion_length": "max_new_tokens",
     "logging_steps": "log_every",
     "eval_steps": "eval_every",
 }
@@ -49,12 +49,22 @@ TRL_NAMES = {
 """TRL names with no one-to-one knob here: an unknown field is answered with this (docs/api.md
 lists the names and the knobs with other defaults than TRL's)."""
 
+RENAMED = {"max_new_tokens": "max_completion_length"}
+"""Fields renamed to TRL's name: the old name is still taken, with a FutureWarning."""
+
 _CONVERTED = ("epsilon", "bf16", "per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 def _from_trl_names(kwargs: dict) -> dict:
     """`kwargs` with TRL's names (TRL_ALIASES, _CONVERTED) turned into grpo_lab's fields."""
     out = dict(kwargs)
+    for old, new in RENAMED.items():
+        if old in out:
+            warnings.warn(f"{old!r} is now {new!r} (TRL's name): the old name will go",
+                          FutureWarning, stacklevel=4)
+            if new in out:
+                raise TypeError(f"{old!r} (the old name) and {new!r} are the same knob: give one")
+            out[new] = out.pop(old)
     for trl_name, ours in TRL_ALIASES.items():
         if trl_name in out:
             if ours in out:
@@ -192,15 +202,15 @@ class GRPOConfig:
     """Distinct prompts per step."""
     num_generations: int = 8
     """G: completions sampled per prompt; advantages are relative within these G."""
-    max_new_tokens: int | None = None
-    """Completion length cap (TRL's `max_completion_length`). None = the task's longest answer in
-    characters + 2 for the built-in tasks, 256 for a dataset (TRL 1.16's default is 512); the
+    max_completion_length: int | None = None
+    """Completion length cap, in tokens (TRL's name and meaning). None = the task's longest answer
+    in characters + 2 for the built-in tasks, 256 for a dataset (TRL 1.16's default is 512); the
     trainer warns when most of a step's completions reach it."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities are computed at the same temperature."""
     top_p: float = 1.0
     """Nucleus sampling, in (0, 1] (TRL's default 1 = every token). This and the fields down to
-    `stop` go to the inference servers only (grpo_lab.serve.sampling_settings); off their
+    `stop` go to the inference servers only (grpo_lab.serve.sampling); off their
     defaults the sampler's logprobs are no longer the trainer's."""
     top_k: int = 0
     """Only the k most likely tokens (TRL's default 0 = off; -1 = off too, as in vLLM)."""
@@ -365,8 +375,9 @@ class GRPOConfig:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.token_budget is not None and self.token_budget < 1:
             problems.append(f"token_budget must be >= 1 (got {self.token_budget})")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            problems.append(
+                f"max_completion_length must be >= 1 (got {self.max_completion_length})")
         if self.lr_scheduler_type not in LR_SCHEDULES:
             problems.append(f"unknown lr_scheduler_type {self.lr_scheduler_type!r} "
                             f"(choose one of {LR_SCHEDULES})")

@@ -41,7 +41,8 @@ def sample(trainer, problems: list[Problem]) -> SampledGroups:
     with autocast(trainer):
         out = generate_completions(
             trainer.model, trainer.tokenizer, [p.prompt for p in problems],
-            max_new_tokens=trainer.max_new_tokens, num_generations=trainer.config.num_generations,
+            max_new_tokens=trainer.max_completion_length,
+            num_generations=trainer.config.num_generations,
             temperature=trainer.config.temperature, **trainer.prompt_format)
     trainer.model.train()
     rewards, parts = trainer.score(problems, out)
@@ -117,7 +118,7 @@ def update(trainer, batch: RolloutBatch, *, before_each=None, **packing) -> dict
                 trainer.train_model, micro_batches, temperature=cfg.temperature,
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_logps=ref_logps,
-                max_completion_length=trainer.max_new_tokens, before_each=before_each,
+                max_completion_length=trainer.max_completion_length, before_each=before_each,
                 on_logprobs=pi_old if iteration == 0 else None, processes=trainer.processes,
                 use_bias_correction_kl=cfg.use_bias_correction_kl)
         start = time.perf_counter()

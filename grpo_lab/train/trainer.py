@@ -49,7 +49,7 @@ from .rollout_batch import (
 )
 
 CAPPED_WARNING = 0.5
-"""The share of a step's completions cut at `max_new_tokens` from which the trainer warns."""
+"""The share of a step's completions cut at `max_completion_length` from which the trainer warns."""
 
 
 class GRPOTrainer:
@@ -78,7 +78,8 @@ class GRPOTrainer:
             torch.set_num_threads(config.num_threads)
         self.task = config.make_task()
         self.rewards = RewardSet.parse(config.reward, config.reward_weights, config.eval_reward)
-        self.max_new_tokens = config.max_new_tokens or self.task.default_max_new_tokens
+        self.max_completion_length = (config.max_completion_length
+                                      or self.task.default_max_completion_length)
         self._warned_cap = False  # `warn_if_capped` speaks once
         self.eval_answers: dict[int, list[str]] = {}
         """step -> the greedy completions of that evaluation (this process's share of the
@@ -254,7 +255,7 @@ class GRPOTrainer:
         mine = self.processes.share(list(problems))
         # the evaluation's reward is called as in training: every keyword, every column
         texts, scores = greedy_answers(self.model, self.tokenizer, mine,
-                                       max_new_tokens=self.max_new_tokens,
+                                       max_new_tokens=self.max_completion_length,
                                        score=self.rewards.correctness_scores,
                                        **self.prompt_format)
         self.eval_answers[self.step_count] = texts
@@ -322,15 +323,15 @@ class GRPOTrainer:
         return self.logger.records
 
     def warn_if_capped(self, record: dict) -> None:
-        """Say once when most of a step's completions stop at `max_new_tokens` (`length`): cut
-        completions score no answer and bias the length (notebook 10)."""
+        """Say once when most of a step's completions stop at `max_completion_length` (`length`):
+        cut completions score no answer and bias the length (notebook 10)."""
         clipped = record.get("completions/clipped_ratio", 0.0)
         if self._warned_cap or clipped < CAPPED_WARNING or not self.processes.is_main:
             return
         self._warned_cap = True
         tqdm.write(f"warning: {clipped:.0%} of step {record['step']}'s completions reached "
-                   f"max_new_tokens={self.max_new_tokens} and were cut; if they are reasoning, "
-                   "raise max_new_tokens", file=sys.stderr)
+                   f"max_completion_length={self.max_completion_length} and were cut; if they "
+                   "are reasoning, raise max_completion_length", file=sys.stderr)
 
     def check_prompt_format(self) -> None:
         """The run doctor's look at a prompt as the model reads it: a chat model's prompts must

@@ -35,7 +35,7 @@ class TrainerJobConfig:
     train-trl-async: TRL's max_inflight_tasks, default max_staleness x samples per step."""
     check_base_model: bool = True
     """At start, ask every replica's /v1/models and refuse to train when one serves another base
-    model than --model (grpo_lab.rollout.replica_check); false = skip (e.g. a replica serving a
+    model than --model (grpo_lab.rollout.http_generator); false = skip (e.g. a replica serving a
     local copy of the hub model under another name)."""
 
     def __post_init__(self):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..rollout.replica_check import check_replicas
+from ..rollout.http_generator import check_replicas
 from ..train.async_config import AsyncGRPOConfig
 from ..train.trainer_job import TrainerJobConfig, check_trainer_settings
 from ..util.devices import resolve_device
@@ -76,12 +76,12 @@ def run_train_trl_async(config: AsyncGRPOConfig, job: TrlAsyncJobConfig) -> dict
     start_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
     device = resolve_device(config.device)
     model_path = str(GRPOTrainer.resolve_model_path(config))
-    if job.check_base_model:  # the replicas must serve this base model (replica_check)
+    if job.check_base_model:  # the replicas must serve this base model (check_replicas)
         check_replicas(job.server_url, config.model, model_path)
     tokenizer = with_response_parser(AutoTokenizer.from_pretrained(model_path,
                                                                    padding_side="left"))
     task = config.make_task()
-    max_completion_length = config.max_new_tokens or task.default_max_new_tokens
+    max_completion_length = config.max_completion_length or task.default_max_completion_length
     dataset = trl_dataset(config, task)
     prompt_tokens = max_prompt_tokens(dataset, tokenizer) if config.token_budget else 0
     args = trl_async.trl_config(config, job, trl_dir, device, max_completion_length, prompt_tokens)

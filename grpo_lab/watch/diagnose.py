@@ -83,32 +83,3 @@ def diagnose(records: Iterable[dict], window: int = 20, *, full: float = 0.75,
         return Diagnosis("generation", f"generation too slow: {facts}. The trainer starves; "
                          "add replicas or lift the client's cap on in-flight requests.", n)
     return Diagnosis("balanced", f"neither side clearly waits for the other: {facts}.", n)
-
-
-def made_up_windows(n: int = 200, seed: int = 0) -> list[Diagnosis]:
-    """`diagnose` of `n` made-up windows of 16 steps of 1 s each: a queue (of 8), a wait that
-    may grow, a hold-back. Cases no run printed, to check a rule against `diagnose`'s."""
-    import random
-
-    rng = random.Random(seed)
-    windows = []
-    for _ in range(n):
-        queue = rng.choice([0, 1, 2, 4, 6, 7, 8])
-        wait, slope = rng.choice([0.0, 0.03, 0.1, 0.3, 0.6]), rng.choice([-0.01, 0.0, 0.01])
-        held = rng.choice([0.0, 0.03, 0.1, 0.3])
-        windows.append(diagnose([{"step": i, STEP: 1.0, QUEUE: queue, QUEUE_MAX: 8,
-                                  WAIT: max(0.0, wait + slope * (i - 7.5)), BACKPRESSURE: held}
-                                 for i in range(16)], window=16))
-    return windows
-
-
-def rule_agrees(rule, diagnoses: Iterable[Diagnosis]) -> bool:
-    """Whether `rule(numbers)` gives each diagnosis's bottleneck; prints how many disagree and
-    the first disagreement (numbers, diagnose's verdict, the rule's)."""
-    diagnoses = list(diagnoses)
-    wrong = [(d.numbers, d.bottleneck, rule(d.numbers)) for d in diagnoses
-             if rule(d.numbers) != d.bottleneck]
-    kinds = ", ".join(sorted({d.bottleneck for d in diagnoses}))
-    print(f"{len(diagnoses) - len(wrong)} of {len(diagnoses)} windows ({kinds}) agree"
-          + (f"; e.g. (numbers, diagnose, yours) = {wrong[0]}" if wrong else ""))
-    return not wrong

@@ -27,7 +27,7 @@ DROPPED, STALE_MEAN = "sample/dropped_stale_total", "sample/staleness_mean"
 WINDOW = 10
 """Steps a finding is judged over (the last WINDOW records that carry its metric)."""
 CLIPPED_SHARE = 0.5
-"""Completions cut at max_new_tokens: healthy course runs 0-0.1; a cap of 8 tokens, 1.0."""
+"""Completions cut at max_completion_length: healthy course runs 0-0.1; a cap of 8 tokens, 1.0."""
 ZERO_STD_SHARE = 0.8
 """Groups with one reward for all G: healthy 0.1-0.4; notebook 10's high learning rate 0.85-1."""
 ENTROPY_START, ENTROPY_NOW = 2, 5
@@ -180,9 +180,10 @@ def completions_cut(d: Doctor) -> Finding | None:
         "completions_cut", "completions are cut at the length cap",
         {"metric": CLIPPED, "window": len(share), "value": _mean(share),
          "threshold": CLIPPED_SHARE},
-        "max_new_tokens is too small for the answers, or the model no longer ends them (no EOS: "
-        "a prompt that skipped the chat template, or a learning rate that broke the policy)",
-        "raise max_new_tokens (max_completion_length in TRL); check the prompts are templated",
+        "max_completion_length is too small for the answers, or the model no longer ends them "
+        "(no EOS: a prompt that skipped the chat template, or a learning rate that broke the "
+        "policy)",
+        "raise max_completion_length; check the prompts are templated",
         "healthy course runs cut 0-10 % of completions")
 
 

@@ -182,9 +182,9 @@ METRICS: dict[str, str] = {
     "rewards/<name>/std": "standard deviation of that reward function's scores",
     "completions/mean_length": "mean completion length in tokens",
     "completions/min_length": "shortest completion of the step, in tokens",
-    "completions/max_length": "longest completion of the step, in tokens (max_new_tokens when "
-                              "any was cut)",
-    "completions/clipped_ratio": "fraction of completions cut at max_new_tokens (no EOS)",
+    "completions/max_length": "longest completion of the step, in tokens "
+                              "(max_completion_length when any was cut)",
+    "completions/clipped_ratio": "fraction of completions cut at max_completion_length (no EOS)",
     "loss": "the GRPO objective of the last update; not a progress signal (watch `reward`). At "
             "ratio 1 it is 0 only for loss_type `grpo` with beta = 0 (the advantages sum to 0); "
             "`dapo` and `dr_grpo` give minus the within-group covariance of length and advantage "

@@ -27,7 +27,7 @@ LIGHT = {"blue": "#D6E9F5", "orange": "#FBEBC8", "green": "#D2EFE6", "grey": "#E
 STAGES = [
     ("prompts", "task.sample_batch(Random(seed))\n16 per step",
      "train_dataset (the same draws)\nshuffle_dataset=False"),
-    ("sample G completions", "num_generations=8\nmax_new_tokens (answer + 2)",
+    ("sample G completions", "num_generations=8\nmax_completion_length\n(answer + 2)",
      "num_generations=8\nmax_completion_length=5"),
     ("reward", "exact_match_reward", "reward_funcs=exact_match_reward\n(the same function)"),
     ("advantages", "scale_rewards=True", "scale_rewards=\"group\""),
