@@ -85,4 +85,3 @@ def solution_file(exercise_id: str) -> str:
     folders = sorted(SOLUTIONS_DIR.glob(f"{number}_*")) if SOLUTIONS_DIR.is_dir() else []
     folder = folders[0].name if folders else f"{number}_..."
     return f"solutions/{folder}/{exercise_id}.py"
-

@@ -32,7 +32,6 @@ from .goals import NOTEBOOK_GOALS, missed_goals
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
-
 def _not_attempted(exercise_id: str) -> None:
     """How an exercise is done, said where a learner meets it: under its untouched check."""
     print(f"Exercise {exercise_id}: not attempted yet. Replace the None in the cell above, run "

@@ -210,7 +210,7 @@ class GRPOConfig:
     """Sampling temperature; log-probabilities are computed at the same temperature."""
     top_p: float = 1.0
     """Nucleus sampling, in (0, 1] (TRL's default 1 = every token). This and the fields down to
-    `stop` go to the inference servers only (grpo_lab.serve.sampling); off their
+    `stop` go to the inference servers only (grpo_lab.serve.sampling_settings); off their
     defaults the sampler's logprobs are no longer the trainer's."""
     top_k: int = 0
     """Only the k most likely tokens (TRL's default 0 = off; -1 = off too, as in vLLM)."""
