@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 LEVELS = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}
@@ -49,6 +50,7 @@ def test_vllm_is_not_started_on_an_emulated_processor_without_vector_kernels(mon
 # of p / q with q ~ Exp(1). One token's logit is 100 above the others, at index 21 of 22: past
 # the first 16 (one AVX-512 vector of floats) and past the first 8 (one AVX2 vector).
 SAMPLER = """
+import pytest
 import torch
 
 @torch.compile(dynamic=True)
@@ -65,6 +67,7 @@ for rows in (1, 3, 5):
 """
 
 
+@pytest.mark.slow  # two processes compile Inductor kernels (~40 s): not in the unit tier's reruns
 def test_a_compiled_kernel_is_cached_per_kernel_level(tmp_path):
     """A kernel Inductor compiled under ATEN_CPU_CAPABILITY=avx2, then the same one in a process
     at this processor's own level, each in the cache folder grpo_lab gives it

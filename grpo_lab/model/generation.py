@@ -92,22 +92,61 @@ def generate_completions(
                            do_sample=do_sample, with_logprobs=with_logprobs)
 
 
+def common_prefix_length(prompt_ids: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares (a chat template's system turn, a task's
+    instructions), leaving each prompt at least its last token of its own."""
+    if len(prompt_ids) < 2:
+        return 0
+    limit = min(map(len, prompt_ids)) - 1
+    first = prompt_ids[0]
+    n = 0
+    while n < limit and all(r[n] == first[n] for r in prompt_ids):
+        n += 1
+    return n
+
+
+def lay_out_prompts(prompt_ids: list[list[int]], common: int, pad: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, W) ids and mask, the `common` shared tokens first in every row, then the padding,
+    then each prompt's own tokens: the positions (the mask's cumulative sum) are each token's
+    place in its own prompt, and the shared tokens sit in the same columns of every row."""
+    width = max(map(len, prompt_ids))
+    ids = [r[:common] + [pad] * (width - len(r)) + r[common:] for r in prompt_ids]
+    mask = [[1] * common + [0] * (width - len(r)) + [1] * (len(r) - common) for r in prompt_ids]
+    return torch.tensor(ids), torch.tensor(mask)
+
+
 def shared_prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                        num_generations: int) -> dict:
-    """The KV cache of each prompt but its last token, computed once and repeated for its G
-    rows, as `generate`'s keyword: `generate` then computes only the last column for every row.
-    prompt_ids, prompt_mask: (N, P) left padded, one row per distinct prompt."""
+                        num_generations: int, common: int = 0) -> dict:
+    """The prompts' KV cache, each shared token computed once, as `generate`'s keyword:
+    the `common` leading tokens of every prompt once for all of them, then (with G > 1) each
+    prompt's own tokens but its last once for its G rows; `generate` computes the rest.
+    prompt_ids, prompt_mask: (N, P) laid out by `lay_out_prompts`, one row per prompt.
+    Empty when nothing is shared."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    cache = DynamicCache()
-    mask = prompt_mask[:, :-1]
-    # Only the cache is wanted: one position's logits, not (N, P, V) (where the model allows).
     takes = inspect.signature(base.forward).parameters
+    name = "cache" if "cache" in takes else "past_key_values"
+    # Only the cache is wanted: one position's logits, not (N, P, V) (where the model allows).
     keep = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
-    model(input_ids=prompt_ids[:, :-1], attention_mask=mask,
-          position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{name: cache},
-          **keep)
-    cache.batch_repeat_interleave(num_generations)  # (N, ...) -> (N * G, ...), prompt-major
+    cache, cached, (rows, width) = DynamicCache(), 0, prompt_ids.shape
+
+    def prefill(ids: torch.Tensor, start: int, end: int) -> None:
+        mask = prompt_mask[:ids.shape[0], :end]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, start:end]
+        model(input_ids=ids[:, start:end], attention_mask=mask, position_ids=positions,
+              use_cache=True, **{name: cache}, **keep)
+
+    if common > 0 and rows > 1:  # the shared tokens: one row, then one copy per prompt
+        prefill(prompt_ids[:1], 0, common)
+        cache.batch_repeat_interleave(rows)
+        cached = common
+    if num_generations > 1 and width - 1 > cached:  # each prompt's own tokens, but its last
+        prefill(prompt_ids, cached, width - 1)
+        cached = width - 1
+    if not cached:
+        return {}
+    if num_generations > 1:
+        cache.batch_repeat_interleave(num_generations)  # (N, ...) -> (N * G, ...), prompt-major
     return {name: cache}
 
 
@@ -137,21 +176,19 @@ def sample_from_ids(
     with_logprobs: bool = True,
 ) -> Completions:
     """Sample from prompts given as token ids: the one sampling loop of grpo_lab's in-process
-    generators (the trainer, the evaluation and LocalGenerator all come here). With G > 1 each
-    prompt is prefilled once and its KV cache repeated for its G rows (`shared_prompt_cache`):
-    the same tokens and logprobs, up to float rounding, for 1/G of the prompt's compute.
+    generators (the trainer, the evaluation and LocalGenerator all come here). The tokens every
+    prompt starts with (a chat template's system turn) are prefilled once for all prompts, and
+    with G > 1 each prompt once for its G rows (`shared_prompt_cache`): the same tokens and
+    logprobs, up to float rounding, for a fraction of the prompts' compute.
     `with_logprobs=False` (an evaluation) leaves each completion's logprobs empty. A prompt
     whose length plus `max_new_tokens` passes the model's context is refused, as a server does."""
     device = next(model.parameters()).device
     width = max(map(len, prompt_ids))
     check_context(model, width, max_new_tokens)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompt_ids], device=device)
-    mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in prompt_ids]))
-    mask = mask.long().to(device)  # (N, P): 0 on the left padding
-    cache = {}
-    if num_generations > 1 and width > 1:
-        cache = shared_prompt_cache(model, ids, mask, num_generations)
+    common = common_prefix_length(prompt_ids)
+    ids, mask = (t.to(device) for t in lay_out_prompts(prompt_ids, common, pad))  # (N, P)
+    cache = shared_prompt_cache(model, ids, mask, num_generations, common)
     processors = LogitsProcessorList()
     if do_sample and temperature != 1.0:
         processors.append(TemperatureLogitsWarper(temperature))  # scores = logits / T
