@@ -36,6 +36,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -172,6 +173,13 @@ class HfJobsEmulator:
                 resource_group_id=None, namespace=None, token=None):
         """huggingface_hub's `run_job`, same keywords (tests check the signature): starts the
         job's command as a process of this machine and returns a JobInfo-like record."""
+        # The Hub's rule for what is stored as a tag: a job's name and its labels are letters,
+        # digits, `-` and `_` (huggingface_hub's `_sanitize_job_name` documents it).
+        for what, text in ([("name", name)] if name is not None else []) + [
+                (f"label {key!r}", f"{key}{value}") for key, value in (labels or {}).items()]:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", text or "-"):
+                raise ValueError(f"the Hub refuses job {what} {text!r}: letters, digits, - and _ "
+                                 "only")
         job_id = f"{next(self._ids):024x}"
         job_dir = self.root / "jobs" / f"{name or 'job'}-{job_id[-4:]}"
         (job_dir / "home").mkdir(parents=True)

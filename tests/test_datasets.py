@@ -181,9 +181,17 @@ def test_missing_columns_list_the_columns_there_are(tmp_path):
     with pytest.raises(ValueError, match=r"no prompt column prompt or question; its columns are "
                                          r"\['text', 'label'\]: name one with prompt_column="):
         load_dataset_task(path)
-    with pytest.raises(ValueError, match=r"no answer column 'answer'; its columns are "
+    with pytest.raises(ValueError, match=r"no answer column 'result'; its columns are "
                                          r"\['text', 'label'\]: name one with answer_column="):
-        load_dataset_task(path, prompt_column="text")
+        load_dataset_task(path, prompt_column="text", answer_column="result")
+    # Without the default `answer` column (as TRL's datasets) the rows load with no reference
+    # answer, their columns kept for the rewards (a reward that needs `answer` is named by the
+    # trainer: tests/test_trl_habits.py).
+    two = _write_jsonl(tmp_path / "two.jsonl", [{"text": "1+1=", "label": "2"},
+                                                {"text": "1+2=", "label": "3"}])
+    task = load_dataset_task(two, prompt_column="text", eval_fraction=0.5, seed=0)
+    problem = [p for p in task.eval_set() + task.train_set() if p.prompt == "1+1="][0]
+    assert (problem.prompt, problem.answer, problem.columns) == ("1+1=", None, {"label": "2"})
 
 
 @pytest.mark.parametrize("name, content", [("empty.jsonl", ""), ("blank.jsonl", "\n\n"),

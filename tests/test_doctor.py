@@ -313,6 +313,24 @@ def test_grpo_lab_doctor_reads_a_run_folder_and_asks_the_replicas(tmp_path, tiny
         thread.join(timeout=10)
 
 
+def test_grpo_lab_doctor_takes_the_key_from_a_file_or_the_environment_never_argv(
+        tmp_path, monkeypatch):
+    import argparse
+
+    from grpo_lab.cli.doctor import api_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-file\n")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-from-env")
+    ask = argparse.Namespace(api_key=None, api_key_file=None)
+    assert api_key(ask) == "sk-from-env"
+    assert api_key(argparse.Namespace(api_key=None, api_key_file=key_file)) == "sk-from-file"
+    with pytest.raises(SystemExit, match="process list: set VLLM_API_KEY"):
+        cli(["doctor", str(tmp_path), "--api-key", "sk-in-argv"])
+    with pytest.raises(SystemExit, match="cannot read --api-key-file"):
+        api_key(argparse.Namespace(api_key=None, api_key_file=tmp_path / "missing"))
+
+
 def test_grpo_lab_doctor_refuses_a_folder_without_metrics(tmp_path, capsys):
     assert cli(["doctor", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
@@ -386,5 +404,7 @@ def test_the_doctor_callback_names_untemplated_prompts_to_a_chat_model(tmp_path,
                    train_dataset=Dataset.from_dict({"prompt": prompts}),
                    processing_class=tokenizer, callbacks=[callback]).train()
         found[form] = [f.code for f in callback.findings]
+        # TRL's temperature reached the doctor (its causes name it); no LoRA: no learning rate
+        assert (callback.doctor.temperature, callback.doctor.learning_rate) == (1.0, None)
     assert "chat_template_skipped" in found["plain"], found
     assert "chat_template_skipped" not in found["chat"], found

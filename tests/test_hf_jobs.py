@@ -184,6 +184,13 @@ def test_local_dry_run_with_the_trainer_arguments_replaced(tmp_path, capsys):
     proxy_port = re.search(r"grpo_lab.cli proxy --host 127.0.0.1 --port (\d+)", out).group(1)
     assert f"grpo_lab.cli train-async --steps 5 --server-url http://127.0.0.1:{proxy_port}\n" in out
     assert not (tmp_path / "logs").exists()  # nothing started
+    # what the replaced arguments leave out of the default ones is said
+    assert main(["launch", "--dry-run", "--backend", "hf-jobs", "--bucket", "hf://buckets/me/b",
+                 "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t", "--",
+                 "train-async", "--server-url", "{proxy_url}", "--output-dir", "{output_dir}"]) == 0
+    err = capsys.readouterr().err
+    assert "leave out --model --lora-rank --max-staleness --bucket --device --resume " \
+           "--local-dir" in err and "--dataset" in err and "bucket mount fails" in err
 
 
 def test_dry_run_lines_run_in_bash_give_the_same_jobs_as_run_job(tmp_path):
@@ -426,6 +433,12 @@ def test_a_jobs_timeout_follows_the_forecast(tmp_path, capsys):
                  "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t",
                  "--timeout", "30m"]) == 2
     assert "would be killed" in capsys.readouterr().err
+    # a model the planner does not know: the timeout kept is said, with why it was not fitted
+    assert main(["launch", "--dry-run", "--backend", "hf-jobs", "--bucket", "hf://buckets/me/b",
+                 "--replica-flavor", "h200", "--trainer-flavor", "h200", "--run-name", "t",
+                 "--base-model", "someone/unknown-model"]) == 0
+    assert "timeout: --timeout 4h (the default; no forecast to check it against" in \
+        capsys.readouterr().out
 
 
 def test_the_install_holds_the_images_own_versions(tmp_path):

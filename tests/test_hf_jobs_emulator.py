@@ -41,6 +41,17 @@ def test_the_emulator_takes_what_huggingface_hub_run_job_takes():
     assert [k for k in run_job_keywords() if k in theirs] == theirs
 
 
+def test_the_emulator_refuses_a_name_or_label_the_hub_refuses(tmp_path):
+    """A job's name and labels are stored as tags: letters, digits, - and _ only. The plan's own
+    names pass (RecipeConfig refuses a run name that would not)."""
+    emulator = HfJobsEmulator(tmp_path / "hf")
+    for name, labels in (("Blog.v1 run", None), ("blog", {"grpo-lab-run": "blog.v1"})):
+        with pytest.raises(ValueError, match="the Hub refuses job"):
+            emulator.run_job(image="python:3.11", command=["true"], name=name, labels=labels)
+    with pytest.raises(ValueError, match="run name"):
+        RecipeConfig(run_name="Blog.v1 run")
+
+
 def test_the_emulated_mounts_refuse_what_a_bucket_mount_refuses(tmp_path):
     """In a job's Python processes: nothing written under a read-only mount; under a read-write
     one, whole files only, so the trainer's metrics logger, which appends a line every step,

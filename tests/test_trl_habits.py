@@ -13,7 +13,7 @@ import pytest
 
 from grpo_lab.cli.flags import add_config_flags
 from grpo_lab.train.async_config import AsyncGRPOConfig
-from grpo_lab.train.config import TRL_ALIASES, TRL_NAMES, GRPOConfig
+from grpo_lab.train.config import TRL_ALIASES, TRL_AS_HERE, TRL_NAMES, GRPOConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,11 +37,35 @@ def test_the_trl_names_are_trls():
     import inspect
     trl_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     trainer_args = set(inspect.signature(trl.GRPOTrainer.__init__).parameters)
-    converted = {"epsilon", "bf16", "per_device_train_batch_size", "gradient_accumulation_steps"}
-    strangers = sorted((set(TRL_NAMES) | set(TRL_ALIASES) | converted) - trl_fields - trainer_args)
+    converted = {"epsilon", "bf16", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "disable_tqdm", "log_completions", "save_strategy", "eval_strategy"}
+    names = set(TRL_NAMES) | set(TRL_ALIASES) | set(TRL_AS_HERE) | converted
+    strangers = sorted(names - trl_fields - trainer_args)
     assert not strangers, f"not TRL GRPOConfig fields or GRPOTrainer arguments: {strangers}"
     ours = {f.name for f in dataclasses.fields(GRPOConfig)}
-    assert not (set(TRL_NAMES) | set(TRL_ALIASES)) & ours, "a TRL name that is grpo_lab's too"
+    assert not names & ours, "a TRL name that is grpo_lab's too"
+    # What TRL_AS_HERE takes as changing nothing is TRL's own default for each (but `optim`,
+    # whose default names the same AdamW).
+    defaults = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}
+    for name, (same, _) in TRL_AS_HERE.items():
+        default = getattr(defaults[name], "value", defaults[name])
+        assert default in same or name == "optim", (name, default, same)
+
+
+def test_a_trl_field_that_changes_nothing_here_is_taken_and_any_other_value_named():
+    config = GRPOConfig(use_vllm=False, remove_unused_columns=False, push_to_hub=False,
+                        num_train_epochs=1, max_steps=3, disable_tqdm=True, log_completions=True,
+                        logging_steps=2, save_strategy="no", eval_strategy="no")
+    assert (config.steps, config.progress, config.log_completions_every, config.save_steps,
+            config.eval_size) == (3, False, 2, 0, 0)
+    assert GRPOConfig(save_strategy="steps", save_steps=4, output_dir="run").save_steps == 4
+    with pytest.raises(TypeError, match="'use_vllm' is TRL's field; only False is taken here: "
+                                        "generation runs in process"):
+        GRPOConfig(use_vllm=True)
+    with pytest.raises(TypeError, match="save_strategy='epoch'"):
+        GRPOConfig(save_strategy="epoch")
+    with pytest.raises(TypeError, match="'num_train_epochs' is TRL's name: use steps"):
+        GRPOConfig(num_train_epochs=2)  # without max_steps it would set the run's length
 
 
 def test_trls_names_for_the_same_knobs_are_taken():
@@ -196,3 +220,75 @@ def test_a_trl_script_runs_after_changing_its_import(tmp_path, monkeypatch):
     assert seen_units and set(seen_units) == {""}  # the column reached the reward
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
+
+
+def test_a_pure_trl_script_runs_on_rows_without_an_answer_column(tmp_path, monkeypatch):
+    """TRL's quick-start as written for TRL (no grpo_lab-only field): a Dataset whose reference
+    is a `solution` column (no `answer`), a reward reading it, TRL's usual config fields."""
+    datasets = pytest.importorskip("datasets")
+
+    from grpo_lab import GRPOConfig as Config
+    from grpo_lab import GRPOTrainer as Trainer
+
+    rows = [(a, b) for a in range(10, 40) for b in range(10, 40)][:120]
+    train = datasets.Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in rows],
+                                        "solution": [str(a + b) for a, b in rows]})
+    offered = []
+
+    def solution_reward(completions, solution, **kwargs):
+        offered.append(set(kwargs))
+        return [float(c.strip().startswith(s)) for c, s in zip(completions, solution)]
+
+    monkeypatch.chdir(tmp_path)
+    args = Config(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=8,
+                  num_generations=4, max_completion_length=4, logging_steps=1,
+                  learning_rate=1e-3, report_to="none", use_vllm=False,
+                  remove_unused_columns=False, num_train_epochs=1, save_strategy="no",
+                  disable_tqdm=True, seed=0)
+    trainer = Trainer(model="tiny", reward_funcs=[solution_reward], args=args,
+                      train_dataset=train)
+    history = trainer.train()
+    assert len([row for row in history if "reward" in row]) == 2
+    assert offered and all("answer" not in keys for keys in offered)  # as TRL: no such column
+    assert trainer.accuracy_history  # the held-out accuracy counts the solution reward
+
+    # The default reward reads a reference answer this dataset does not have: named at once.
+    with pytest.raises(ValueError, match="reads the reference answer .*no answer column "
+                                         r"\(its columns: \['solution'\]\)"):
+        Trainer(model="tiny", args=args, train_dataset=train)
+    # A named answer column that is not there is still an error.
+    with pytest.raises(ValueError, match="has no answer column 'result'"):
+        Trainer(model="tiny", reward_funcs=[solution_reward],
+                args=Config(answer_column="result", max_steps=1), train_dataset=train)
+
+
+def test_a_model_object_without_its_tokenizer_gets_the_one_it_came_with(tiny_model_dir):
+    """TRL loads `processing_class` from the model's `name_or_path` when it is left out."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_lab import GRPOConfig as Config
+    from grpo_lab import GRPOTrainer as Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = Trainer(model=model, args=Config(max_steps=1, eval_size=0, progress=False))
+    assert trainer.tokenizer.name_or_path == str(tiny_model_dir)
+    assert trainer.tokenizer.padding_side == "left" and trainer.tokenizer.pad_token is not None
+    model.config._name_or_path = ""
+    with pytest.raises(ValueError, match="pass processing_class=tokenizer"):
+        Trainer(model=model, args=Config(max_steps=1, eval_size=0, progress=False))
+
+
+def test_the_async_trainer_takes_trls_constructor(tiny_model_dir):
+    datasets = pytest.importorskip("datasets")
+    from grpo_lab import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    train = datasets.Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(10, 50)],
+                                        "answer": [str(2 * a) for a in range(10, 50)]})
+    args = AsyncGRPOConfig(max_steps=2, per_device_train_batch_size=4, num_generations=2,
+                           max_completion_length=4, eval_size=4, progress=False)
+    trainer = AsyncGRPOTrainer(model=str(tiny_model_dir), reward_funcs="exact_match", args=args,
+                               train_dataset=train)
+    assert isinstance(trainer.config, AsyncGRPOConfig) and trainer.config.prompts_per_step == 2
+    assert len([row for row in trainer.train() if "reward" in row]) == 2
+    with pytest.raises(TypeError, match="this trainer's config is grpo_lab.AsyncGRPOConfig"):
+        AsyncGRPOTrainer(model=str(tiny_model_dir), args=GRPOConfig(max_steps=1))

@@ -10,6 +10,7 @@ only.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -22,9 +23,11 @@ def add_parser(sub) -> None:
                         help="a replica or the proxy: ask the replicas which adapters they serve")
     doctor.add_argument("--adapter-prefix", default="policy",
                         help="the adapters' name prefix (train-async's --adapter-prefix)")
-    doctor.add_argument("--api-key", default=None,
-                        help="bearer token of the replicas/proxy (default: $VLLM_API_KEY; "
-                             "prefer the variable: a flag's value shows in the process list)")
+    doctor.add_argument("--api-key-file", default=None, type=Path,
+                        help="a file holding the replicas'/proxy's bearer token (default: "
+                             "$VLLM_API_KEY); never the key itself in argv, where the process "
+                             "list shows it")
+    doctor.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused in `run`
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.set_defaults(func=run)
 
@@ -89,9 +92,25 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
     return findings
 
 
+def api_key(args) -> str | None:
+    """The bearer token from --api-key-file, else $VLLM_API_KEY; a key given in argv is refused
+    (anyone on the machine reads it in the process list)."""
+    if args.api_key is not None:
+        raise SystemExit("grpo-lab doctor: --api-key would show the key in the process list: "
+                         "set VLLM_API_KEY, or put the key in a file and pass --api-key-file")
+    if args.api_key_file is None:
+        return os.environ.get("VLLM_API_KEY")
+    try:
+        key = args.api_key_file.read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"grpo-lab doctor: cannot read --api-key-file: {exc}") from None
+    if not key:
+        raise SystemExit(f"grpo-lab doctor: --api-key-file {args.api_key_file} is empty")
+    return key
+
+
 def run(args) -> int:
-    findings = diagnose_run(args.run_dir, args.server_url, args.adapter_prefix,
-                            args.api_key or os.environ.get("VLLM_API_KEY"))
+    findings = diagnose_run(args.run_dir, args.server_url, args.adapter_prefix, api_key(args))
     problems = [f for f in findings if f.kind == "problem"]
     if args.json:
         print(json.dumps([f.as_dict() for f in findings], indent=2))

@@ -29,6 +29,7 @@ from ..launch.local import LaunchError, LocalLauncher, local_commands
 from ..launch.preflight import preflight_plan, run_preflight
 from ..launch.recipe_plan import PRESETS, RecipeConfig, preset_config, recipe_plan
 from ..launch.specs import is_gpu_flavor
+from ..launch.trainer_args import default_trainer_args, dropped_flags
 from .flags import BOOL_FLAG, add_config_flags, config_from_args, field_docs, given_flags
 
 
@@ -154,15 +155,27 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"(no --bucket given: shown with {DRY_RUN_BUCKET})")
     extra = {"trainer_args": args.trainer_args} if args.trainer_args else {}
     plan = recipe_plan(config, **extra)
+    if args.trainer_args:  # they replace the default ones whole: say what no longer goes
+        default = default_trainer_args(plan.backend, is_gpu_flavor(plan["trainer"].flavor),
+                                       trainer=config.trainer)
+        if dropped := dropped_flags(args.trainer_args, default):
+            print(f"grpo-lab launch: the trainer's arguments after `--` replace its default "
+                  f"ones, and leave out {' '.join(dropped)}: the trainer runs with its own "
+                  "defaults for those"
+                  + (" (without --local-dir, appending metrics.jsonl to a bucket mount fails)"
+                     if "--local-dir" in dropped else ""), file=sys.stderr)
     if plan.backend == "hf-jobs" and is_gpu_flavor(plan["trainer"].flavor):
         from ..plan.planner import forecast_plan
 
+        given = "timeout" in given_flags(args) or bool(args.preset)
         try:
             wall_clock_s = forecast_plan(config).wall_clock_s
-        except (ValueError, KeyError):  # a model or flavor the planner does not know
+        except (ValueError, KeyError) as exc:  # a model or flavor the planner does not know
             wall_clock_s = None
+            print(f"timeout: --timeout {config.timeout} ({'given' if given else 'the default'}; "
+                  f"no forecast to check it against: {exc}). A run that may take longer needs "
+                  "a longer --timeout: HF Jobs stops each job at it")
         if wall_clock_s is not None:
-            given = "timeout" in given_flags(args) or bool(args.preset)
             try:
                 config, how = timeout_from_forecast(config, wall_clock_s, given)
             except ValueError as exc:

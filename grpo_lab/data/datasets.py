@@ -1,9 +1,9 @@
 """Tasks from datasets: problems read from a file, a folder or the Hugging Face hub.
 
 `DatasetTask` gives a dataset's rows the `Task` interface of the synthetic tasks: one `Problem`
-per row (a prompt column, text or a conversation, and an answer column; the row's other columns
-ride along for the rewards, as TRL passes them), a held-out set (a split, or a seeded share of the
-rows never trained on) and stateless uniform sampling. Every source is read by
+per row (a prompt column, text or a conversation, and an answer column where it has one; the
+row's other columns ride along for the rewards, as TRL passes them), a held-out set (a split, or a
+seeded share of the rows never trained on) and stateless uniform sampling. Every source is read by
 `datasets.load_dataset` (docs/internals.md, "Tasks from datasets").
 """
 
@@ -54,7 +54,8 @@ class DatasetTask(Task):
                 f"{name}: holding out {len(self._eval)} problems for evaluation leaves no "
                 f"training row (of {len(self._rows)}): add rows, lower eval_fraction, or name "
                 "a separate eval_split")
-        self._max_answer_chars = max(len(p.answer) for p in self._rows + self._eval)
+        self._max_answer_chars = max((len(p.answer) for p in self._rows + self._eval
+                                      if p.answer is not None), default=0)
 
     def _held_out_problems(self, eval_size: int, rng: random.Random) -> list[Problem]:
         """The eval split's first `eval_size` distinct prompts, or a seeded share of the rows."""
@@ -89,6 +90,10 @@ class DatasetTask(Task):
         return max(DATASET_MAX_COMPLETION_LENGTH, self.max_answer_chars + 2)
 
 
+ANSWER_COLUMN = "answer"
+"""The reference answer's column unless `answer_column` names another; a dataset without it
+(as many of TRL's) trains with rewards that read its other columns."""
+
 DATASET_MAX_COMPLETION_LENGTH = 256
 """The cap of a dataset's completions, in tokens, unless `max_completion_length` is given (TRL
 1.16's GRPOConfig starts from 512: half of it keeps a CPU run's steps short)."""
@@ -96,7 +101,7 @@ DATASET_MAX_COMPLETION_LENGTH = 256
 
 def load_dataset_task(source: str | Path, *, split: str = "train",
                       eval_split: str | Path | None = None, config_name: str | None = None,
-                      prompt_column: str | None = None, answer_column: str = "answer",
+                      prompt_column: str | None = None, answer_column: str = ANSWER_COLUMN,
                       eval_fraction: float = 0.1, eval_size: int = 512,
                       seed: int = 1234) -> DatasetTask:
     """A `DatasetTask` from a file, a folder, a hub dataset id, or a `datasets.Dataset` (or
@@ -221,18 +226,25 @@ def _problems(rows, where: str, prompt_column: str | None, answer_column: str) -
         if prompt_column is None:
             raise ValueError(f"{where} has no prompt column {' or '.join(PROMPT_COLUMNS)}; its "
                              f"columns are {columns}: name one with prompt_column=")
-    for kind, column in (("prompt", prompt_column), ("answer", answer_column)):
+    # Rows without the default answer column (TRL's datasets: a `solution`, a `completion`)
+    # train with rewards that read their own columns: `answer` is None, and no reward gets it.
+    needed = [("prompt", prompt_column)]
+    if answer_column != ANSWER_COLUMN or answer_column in columns:
+        needed.append(("answer", answer_column))
+    for kind, column in needed:
         if column not in columns:
             raise ValueError(f"{where} has no {kind} column {column!r}; its columns are "
                              f"{columns}: name one with {kind}_column=")
     # Every column but the prompt travels with its problem, for the rewards (TRL passes them).
     others = [c for c in columns if c != prompt_column]
     extras = rows.select_columns(others).to_list() if others else [{}] * len(rows)
+    answers = rows[answer_column] if answer_column in columns else [None] * len(rows)
     problems = []
-    for i, (prompt, answer) in enumerate(zip(rows[prompt_column], rows[answer_column])):
+    for i, (prompt, answer) in enumerate(zip(rows[prompt_column], answers)):
         row = f"{where}[{i}]"
-        problems.append(Problem(_checked_prompt(prompt, row), _checked_answer(answer, row),
-                                extras[i]))
+        problems.append(Problem(_checked_prompt(prompt, row),
+                                None if answer_column not in columns
+                                else _checked_answer(answer, row), extras[i]))
     return problems
 
 

@@ -114,20 +114,32 @@ def parse_weights(weights: str | Sequence[float] | None, count: int) -> list[flo
 def call_reward(name: str, fn: Callable, offered: dict) -> list:
     """`fn(**offered)`; a ValueError naming the reward and the keywords it was offered when its
     signature cannot take them (a TypeError raised inside it stays a TypeError)."""
+    check_signature(name, fn, offered)
+    return fn(**offered)
+
+
+def check_signature(name: str, fn: Callable, offered: dict) -> None:
+    """A ValueError naming the reward when its signature cannot take the `offered` keywords (a
+    reference answer it reads from a dataset that has none named as such); nothing to check
+    where the callable has no signature."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some C callables have none: call and see
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**offered)
-        except TypeError as exc:
+        return
+    try:
+        signature.bind(**offered)
+    except TypeError as exc:
+        if "answer" not in offered and "'answer'" in str(exc):
+            columns = [k for k in offered if k not in OFFERED_BY_SCORE]
             raise ValueError(
-                f"reward {name!r} cannot be called with the keywords it is offered "
-                f"({', '.join(offered)}): {exc}. Write it as TRL's rewards are written, "
-                f"e.g. `def {name}(completions, **kwargs)`, and read what it needs from "
-                "kwargs") from None
-    return fn(**offered)
+                f"reward {name!r} reads the reference answer (`answer`), and the dataset has no "
+                f"answer column (its columns: {columns}): name it with answer_column=, or "
+                "pass rewards that read the columns it has") from None
+        raise ValueError(
+            f"reward {name!r} cannot be called with the keywords it is offered "
+            f"({', '.join(offered)}): {exc}. Write it as TRL's rewards are written, "
+            f"e.g. `def {name}(completions, **kwargs)`, and read what it needs from "
+            "kwargs") from None
 
 
 def checked_scores(name: str, values, count: int) -> list[float]:
@@ -227,9 +239,11 @@ class RewardSet:
                    "completion_ids": ([list(ids) for ids in completion_ids]
                                       if completion_ids is not None else [None] * B),
                    "answer": list(answers)}
+        if all(a is None for a in offered["answer"]):  # rows without an answer column, as TRL:
+            del offered["answer"]                       # no `answer` keyword at all
         offered.update(self._column_lists(columns, B))
         for key in ("answer", "completion_ids", "prompts"):
-            if len(offered[key]) != B:
+            if key in offered and len(offered[key]) != B:
                 raise ValueError(f"{len(offered[key])} values of {key} for {B} completions")
         return offered
 
@@ -251,6 +265,15 @@ class RewardSet:
         total = sum(w * torch.nan_to_num(per_reward[n], nan=0.0)
                     for n, w in zip(self.names, self.weights))
         return total.float(), per_reward
+
+    def check_problem(self, problem) -> None:
+        """Every reward's signature against the keywords a step offers for `problem` (one of the
+        task's), before the first step: a reward that cannot take them is named at once, not
+        after the first generation."""
+        offered = self.offered([""], [problem.answer], [problem.prompt], completion_ids=[[]],
+                               columns=[problem.columns])
+        for name, fn in zip(self.names, self.functions):
+            check_signature(name, fn, offered)
 
     @property
     def correctness_name(self) -> str:

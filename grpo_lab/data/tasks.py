@@ -26,7 +26,7 @@ from .prompts import Prompt, prompt_key
 @dataclass(frozen=True)
 class Problem:
     prompt: Prompt  # text, or a conversation (unhashable: compare prompts by `prompt_key`)
-    answer: str
+    answer: str | None  # None: a dataset without an answer column (rewards read its columns)
     columns: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     """The dataset row's other columns by name (empty for the synthetic tasks): the rewards get
     them as keywords, as TRL passes a dataset's columns (grpo_lab.data.reward_set). Left out of

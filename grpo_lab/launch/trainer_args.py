@@ -55,6 +55,13 @@ def default_trainer_args(backend: str, gpu: bool = False,
             *(flag_args(BLOG_TRAINING) if gpu else ()))
 
 
+def dropped_flags(given: tuple[str, ...] | list[str], default: tuple[str, ...]) -> list[str]:
+    """The flags of `default` (the trainer's arguments when none are given) that `given`, which
+    replaces them whole, leaves out: their values no longer reach the trainer."""
+    return [flag for flag in dict.fromkeys(a.split("=")[0] for a in default if a.startswith("--"))
+            if not any(a == flag or a.startswith(flag + "=") for a in given)]
+
+
 FSDP2_LAUNCH_FLAGS = (
     "--use_fsdp", "--fsdp_version", "2",
     "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",  # one shard group per decoder layer

@@ -64,13 +64,39 @@ def made_model_folder_name(model: str | Path, *, task: str = "addition",
 def load_model_and_tokenizer(model: str | Path, device: str = "cpu", dtype=None):
     """Load any causal LM (a name of `MADE_MODELS`, a local folder or a hub id) and its
     tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     model = model_folder(model)
+    tokenizer = load_tokenizer(model)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    lm = AutoModelForCausalLM.from_pretrained(model, **kwargs).to(device)
+    return lm, tokenizer
+
+
+def load_tokenizer(model: str | Path):
+    """A model's tokenizer, padding on the left (a pad token of its end token where it has
+    none), as generation and the trainers use it."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    kwargs = {"dtype": dtype} if dtype is not None else {}
-    lm = AutoModelForCausalLM.from_pretrained(model, **kwargs).to(device)
-    return lm, tokenizer
+    return tokenizer
+
+
+def tokenizer_of(model):
+    """The tokenizer of a model loaded without one, from where its config says it came
+    (`config._name_or_path`), as TRL loads a `processing_class` left out; a ValueError naming
+    what to pass where that folder or id holds no tokenizer."""
+    source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    if not source:
+        raise ValueError("a model object passed without its tokenizer, and its config does not "
+                         "say where it came from: pass processing_class=tokenizer (TRL's "
+                         "keyword) or tokenizer=")
+    try:
+        return load_tokenizer(model_folder(source))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"a model object passed without its tokenizer: none loads from "
+                         f"{source!r}, where its config says it came from ({exc}); pass "
+                         "processing_class=tokenizer (TRL's keyword) or tokenizer=") from None

@@ -53,10 +53,18 @@ class AsyncGRPOTrainer(GRPOTrainer):
     """
 
     config: AsyncGRPOConfig
+    config_class = AsyncGRPOConfig
 
-    def __init__(self, config: AsyncGRPOConfig, model=None, tokenizer=None,
-                 generator: Generator | None = None):
-        super().__init__(config, model, tokenizer)
+    def __init__(self, config: AsyncGRPOConfig | None = None, model=None, tokenizer=None,
+                 generator: Generator | None = None, *, reward_funcs=None,
+                 args: AsyncGRPOConfig | None = None, train_dataset=None, eval_dataset=None,
+                 peft_config=None, processing_class=None):
+        # TRL's form as GRPOTrainer takes it: AsyncGRPOTrainer(model, reward_funcs,
+        # args=AsyncGRPOConfig(...), train_dataset=..., processing_class=...)
+        super().__init__(config, model, tokenizer, reward_funcs=reward_funcs, args=args,
+                         train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         peft_config=peft_config, processing_class=processing_class)
+        config = self.config
         if generator is None and self.processes.is_fsdp and self.processes.is_main:
             raise ValueError("the in-process generator samples from a full copy of the weights; "
                              "under FSDP2 use `grpo-lab train-async` against servers")

@@ -37,17 +37,34 @@ for grpo_lab's (a TRL script runs after changing its import). Also taken, conver
 completions per optimizer step, prompts_per_step x num_generations here)."""
 
 TRL_NAMES = {
-    "num_train_epochs": "steps (optimizer steps; grpo_lab samples prompts with replacement, "
-                        "it has no epochs)",
-    "log_completions": "log_completions_every (every N steps; 0 = never)",
+    "num_train_epochs": "steps, or TRL's max_steps (optimizer steps; grpo_lab samples prompts "
+                        "with replacement, it has no epochs)",
     "train_dataset": "dataset= here, or GRPOTrainer(train_dataset=...) as in TRL",
     "reward_funcs": "reward= here, or GRPOTrainer(reward_funcs=...) as in TRL",
     "peft_config": "use_lora=True with lora_rank and lora_alpha, or GRPOTrainer(peft_config=...) "
                    "as in TRL (LoRA goes on every linear layer)",
-    "use_vllm": "AsyncGRPOTrainer with an HTTPGenerator in front of vLLM servers (docs/api.md)",
 }
 """TRL names with no one-to-one knob here: an unknown field is answered with this (docs/api.md
 lists the names and the knobs with other defaults than TRL's)."""
+
+TRL_AS_HERE = {
+    "use_vllm": ((False,), "generation runs in process here; the servers' path is "
+                 "AsyncGRPOTrainer with an HTTPGenerator (docs/api.md)"),
+    "remove_unused_columns": ((False,), "every dataset column reaches the rewards here, as "
+                              "with TRL's default False"),
+    "push_to_hub": ((False,), "the adapter is saved in output_dir; push it with "
+                    "huggingface_hub's upload_folder"),
+    "fp16": ((False,), "use bf16=True (dtype='bfloat16')"),
+    "warmup_steps": ((0,), "the learning-rate schedules here have no warmup "
+                     "(lr_scheduler_type constant or linear)"),
+    "mask_truncated_completions": ((False,), "a cut completion is trained on, as TRL's default"),
+    "optim": (("adamw_torch", "adamw_torch_fused"), "the optimizer here is torch's AdamW"),
+    "dataloader_num_workers": ((0,), "prompts are drawn in process"),
+}
+"""TRL fields a TRL script sets that change nothing here at the values listed (taken and
+dropped); another value is refused with what grpo_lab does instead. `num_train_epochs` is taken
+beside max_steps (which overrides it in TRL too); `disable_tqdm`, `log_completions`,
+`save_strategy` and `eval_strategy` are converted (`_from_trl_names`)."""
 
 RENAMED = {"max_new_tokens": "max_completion_length"}
 """Fields renamed to TRL's name: the old name is still taken, with a FutureWarning."""
@@ -71,6 +88,35 @@ def _from_trl_names(kwargs: dict) -> dict:
                 raise TypeError(f"{trl_name!r} (TRL's name) and {ours!r} are the same knob: "
                                 "give one")
             out[ours] = out.pop(trl_name)
+    for trl_name, (same, instead) in TRL_AS_HERE.items():
+        if trl_name in out and out.pop(trl_name) not in same:
+            raise TypeError(f"{trl_name!r} is TRL's field; only {' or '.join(map(repr, same))} "
+                            f"is taken here: {instead}")
+    if "num_train_epochs" in out and "steps" in out:  # max_steps overrides epochs, as in TRL
+        out.pop("num_train_epochs")
+    if "disable_tqdm" in out:
+        out.setdefault("progress", not out.pop("disable_tqdm"))
+    if "log_completions" in out:  # TRL logs them at each logging step
+        out.setdefault("log_completions_every",
+                       out.get("log_every", 1) if out.pop("log_completions") else 0)
+    if "save_strategy" in out:
+        value = out.pop("save_strategy")
+        strategy = str(getattr(value, "value", value))  # TRL's enum or its text
+        if strategy == "no":
+            out["save_steps"] = 0
+        elif strategy != "steps":
+            raise TypeError(f"save_strategy={strategy!r}: checkpoints here are every save_steps "
+                            "steps ('steps') or none ('no')")
+        else:
+            out.setdefault("save_steps", 500)  # TRL's default
+    if "eval_strategy" in out:
+        value = out.pop("eval_strategy")
+        strategy = str(getattr(value, "value", value))  # TRL's enum or its text
+        if strategy == "no":
+            out.setdefault("eval_size", 0)  # no held-out evaluation at all
+        elif strategy != "steps":
+            raise TypeError(f"eval_strategy={strategy!r}: the held-out evaluation here runs "
+                            "every eval_steps steps ('steps') or never ('no')")
     if "epsilon" in out:
         epsilon = out.pop("epsilon")
         out.setdefault("epsilon_low", epsilon)
@@ -477,9 +523,11 @@ class GRPOConfig:
 
 
 def config_from_trl_arguments(model, reward_funcs, args: GRPOConfig | None, train_dataset,
-                              eval_dataset, peft_config) -> tuple[GRPOConfig, object]:
+                              eval_dataset, peft_config, config_class: type = None
+                              ) -> tuple[GRPOConfig, object]:
     """TRL's `GRPOTrainer(model, reward_funcs, args=, train_dataset=, eval_dataset=,
-    peft_config=)` as grpo_lab's config, and the model object if one was given (else None).
+    peft_config=)` as grpo_lab's config (a `config_class`, GRPOConfig unless said), and the
+    model object if one was given (else None).
 
     `model`: a name, a folder or a hub id (the config's `model`), or a loaded model (returned,
     the config naming its `name_or_path`). `eval_dataset` becomes the held-out split;
@@ -506,7 +554,12 @@ def config_from_trl_arguments(model, reward_funcs, args: GRPOConfig | None, trai
     if peft_config is not None:
         changes.update(use_lora=True, lora_rank=peft_config.r,
                        lora_alpha=getattr(peft_config, "lora_alpha", None))
-    base = args if args is not None else GRPOConfig()
+    config_class = config_class or GRPOConfig
+    if args is not None and not isinstance(args, config_class):
+        raise TypeError(f"args is a {type(args).__name__}; this trainer's config is "
+                        f"grpo_lab.{config_class.__name__} (as TRL's trainers each take their "
+                        "own)")
+    base = args if args is not None else config_class()
     if changes.get("dataset") is not None and base.difficulty is not None:
         changes["difficulty"] = None
     return replace(base, **changes), model_object

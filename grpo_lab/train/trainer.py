@@ -28,7 +28,7 @@ from ..data.prompts import render_prompt
 from ..data.reward_set import RewardSet
 from ..data.tasks import Problem
 from ..model.evaluation import greedy_answers
-from ..model.models import load_model_and_tokenizer
+from ..model.models import load_model_and_tokenizer, tokenizer_of
 from ..rollout.groups import SampledGroups
 from ..util.devices import resolve_device, resolve_dtype
 from ..watch.doctor import chat_template_finding, make_doctor
@@ -69,15 +69,16 @@ class GRPOTrainer:
             elif config is not None:
                 model = config
             config, model = config_from_trl_arguments(model, reward_funcs, args, train_dataset,
-                                                      eval_dataset, peft_config)
+                                                      eval_dataset, peft_config,
+                                                      self.config_class)
             tokenizer = processing_class if processing_class is not None else tokenizer
-            if model is not None and tokenizer is None:
-                raise ValueError("a loaded model needs its tokenizer: processing_class=")
         self.config = config
         if config.num_threads:  # only when asked: torch's default otherwise, CPU or GPU
             torch.set_num_threads(config.num_threads)
         self.task = config.make_task()
         self.rewards = RewardSet.parse(config.reward, config.reward_weights, config.eval_reward)
+        # Each reward takes a step's keywords (a problem drawn aside: the run's rng is untouched).
+        self.rewards.check_problem(self.task.sample_batch(random.Random(0), 1)[0])
         self.max_completion_length = (config.max_completion_length
                                       or self.task.default_max_completion_length)
         self._warned_cap = False  # `warn_if_capped` speaks once
@@ -104,8 +105,8 @@ class GRPOTrainer:
             model, tokenizer = load_model_and_tokenizer(
                 path, device=self.device,
                 dtype=torch.float32 if self.autocast_dtype else dtype)
-        if tokenizer is None:
-            raise ValueError("pass the tokenizer together with the model")
+        if tokenizer is None:  # a loaded model alone: its tokenizer from where it came, as TRL
+            tokenizer = tokenizer_of(model)
         self.tokenizer = tokenizer
         # How prompts become ids, in training and evaluation alike (grpo_lab.data.prompts).
         self.prompt_format = {"system_prompt": config.system_prompt,
@@ -146,6 +147,8 @@ class GRPOTrainer:
             prompt_text=lambda prompt: render_prompt(self.tokenizer, prompt, **self.prompt_format),
             write=tqdm.write)
 
+    config_class = GRPOConfig
+    """The config TRL's form builds when `args` is left out (and the one `args` must be)."""
     resolve_model_path = staticmethod(resolve_model_path)
 
     # ------------------------------------------------------------------ the algorithm

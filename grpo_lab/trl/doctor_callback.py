@@ -30,9 +30,15 @@ class DoctorCallback(TrainerCallback):
         self.findings = []
 
     def on_train_begin(self, args, state, control, processing_class=None, train_dataloader=None,
-                       **kwargs):
+                       model=None, **kwargs):
         if not state.is_world_process_zero:
             return
+        # The run's sampling temperature and (for a LoRA adapter, as grpo_lab's trainers do) its
+        # learning rate, where the doctor was not told them: causes can then name them.
+        if self.doctor.temperature is None:
+            self.doctor.temperature = getattr(args, "temperature", None)
+        if self.doctor.learning_rate is None and hasattr(model, "peft_config"):
+            self.doctor.learning_rate = getattr(args, "learning_rate", None)
         dataset = getattr(train_dataloader, "dataset", None)
         try:
             prompt = dataset[0]["prompt"]
