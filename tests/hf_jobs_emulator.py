@@ -24,7 +24,11 @@ What a job gets, as on HF Jobs, except the image:
               count as old) and `mount_renames=False` (os.rename under a read-write mount fails
               with EOPNOTSUPP)
     expose    `exposed_url(job_id, port)` is `http://127.0.0.1:<port>`: jobs share this host, so
-              the plan gives them distinct ports (`RecipeConfig.free_ports`)
+              the plan gives them distinct ports (`RecipeConfig.free_ports`). With
+              `jobs_proxy_token`, it is instead a gate standing in for the public jobs proxy:
+              a request without `Authorization: Bearer <that token>` is answered 401 there, and
+              one with it is forwarded without the header (whether the real proxy forwards it
+              is unverified: the emulator takes the case that breaks what depends on it)
 
 `upload` stands in for `upload_to_buckets` (files copied into the bucket's folder),
 `inspect_job` for huggingface_hub's (the job's stage), `read_bucket_file` for a download of one
@@ -41,7 +45,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -122,8 +130,10 @@ class HfJobsEmulator:
 
     def __init__(self, root: str | Path, *, substitutions: dict[str, str] | None = None,
                  host_env: dict[str, str] | None = None, mount_lag_s: float = 0.0,
-                 mount_renames: bool = True):
+                 mount_renames: bool = True, jobs_proxy_token: str | None = None):
         self.root = Path(root)
+        self.jobs_proxy_token = jobs_proxy_token
+        self._gates: dict[tuple[str, int], ThreadingHTTPServer] = {}
         self.mount_lag_s, self.mount_renames = mount_lag_s, mount_renames
         self.substitutions = dict(substitutions or {})
         self.substituted: dict[str, int] = dict.fromkeys(self.substitutions, 0)
@@ -222,9 +232,15 @@ class HfJobsEmulator:
                 arg = arg.replace(old, new)
         return arg
 
-    @staticmethod
-    def exposed_url(job_id: str, port: int) -> str:
-        return f"http://127.0.0.1:{port}"
+    def exposed_url(self, job_id: str, port: int) -> str:
+        if self.jobs_proxy_token is None:
+            return f"http://127.0.0.1:{port}"
+        if (job_id, port) not in self._gates:
+            gate = ThreadingHTTPServer(("127.0.0.1", 0), _gate_handler(port,
+                                                                     self.jobs_proxy_token))
+            threading.Thread(target=gate.serve_forever, daemon=True).start()
+            self._gates[(job_id, port)] = gate
+        return f"http://127.0.0.1:{self._gates[(job_id, port)].server_address[1]}"
 
     def cancel_job(self, *, job_id, namespace=None, token=None) -> None:
         info = self.jobs[job_id]
@@ -265,12 +281,57 @@ class HfJobsEmulator:
     def close(self) -> None:
         for job_id in self.jobs:
             self.cancel_job(job_id=job_id)
+        for gate in self._gates.values():
+            gate.shutdown()
+            gate.server_close()
+        self._gates.clear()
 
     def __enter__(self) -> HfJobsEmulator:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _gate_handler(port: int, token: str):
+    """The public jobs proxy in front of a job's exposed `port`: the HF token or 401; forwarded
+    without the Authorization header; 502 while nothing listens behind it."""
+
+    class Gate(BaseHTTPRequestHandler):
+        def _forward(self):
+            if self.headers.get("Authorization") != f"Bearer {token}":
+                return self._answer(401, {"Content-Type": "application/json"},
+                                    b'{"error": "Invalid credentials"}')
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items()
+                       if k.lower() not in ("authorization", "host", "content-length")}
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{self.path}", data=body,
+                                             headers=headers, method=self.command)
+            try:
+                with urllib.request.urlopen(request, timeout=1000) as response:
+                    return self._answer(response.status, response.headers, response.read())
+            except urllib.error.HTTPError as exc:
+                return self._answer(exc.code, exc.headers, exc.read())
+            except OSError as exc:
+                return self._answer(502, {"Content-Type": "text/plain"}, str(exc).encode())
+
+        do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+        def _answer(self, status: int, headers, data: bytes) -> None:
+            self.send_response(status)
+            for key, value in headers.items():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection",
+                                       "date", "server"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    return Gate
 
 
 def run_job_keywords() -> list[str]:

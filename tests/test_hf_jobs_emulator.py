@@ -101,7 +101,10 @@ def test_the_hf_jobs_plan_trains_and_publishes_through_the_mount(tmp_path, tiny_
     """Submit the HF Jobs plan (CPU flavors, the tiny model, a few steps) through the real
     launcher: replicas serve, the trainer job's proxy waits for them, the trainer trains and
     publishes adapters into the bucket, and the replicas load them from their read-only mount."""
-    emulator = HfJobsEmulator(tmp_path / "hf", host_env=HOST_ENV)
+    # The replicas' ports behind a stand-in of the jobs proxy: the HF token or 401, and the
+    # header not forwarded (the recipe must not depend on it reaching a replica)
+    emulator = HfJobsEmulator(tmp_path / "hf", host_env=HOST_ENV, jobs_proxy_token=TOKEN)
+    with_token = {"Authorization": f"Bearer {TOKEN}"}
     mount = emulator.bucket_dir(BUCKET_ID)
     config = RecipeConfig(backend="hf-jobs", bucket=f"hf://buckets/{BUCKET_ID}",
                           mount_path=str(mount), base_model=str(tiny_model_dir), replicas=2,
@@ -123,7 +126,8 @@ def test_the_hf_jobs_plan_trains_and_publishes_through_the_mount(tmp_path, tiny_
     def run_job(**kwargs):
         if kwargs["name"].endswith("-trainer"):
             for url in launcher.urls.values():
-                with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+                request = urllib.request.Request(f"{url}/health", headers=with_token)
+                with urllib.request.urlopen(request, timeout=10) as r:
                     answered_first.append(r.status == 200)
         return emulator.run_job(**kwargs)
 
@@ -144,7 +148,9 @@ def test_the_hf_jobs_plan_trains_and_publishes_through_the_mount(tmp_path, tiny_
         summary = json.loads((mount / "emu" / "summary.json").read_text())
         for name in ("replica-0", "replica-1"):
             assert emulator.running(jobs[name].id), emulator.logs(jobs[name].id)[-3000:]
-            with urllib.request.urlopen(f"{launcher.urls[name]}/v1/models", timeout=10) as r:
+            request = urllib.request.Request(f"{launcher.urls[name]}/v1/models",
+                                             headers=with_token)
+            with urllib.request.urlopen(request, timeout=10) as r:
                 served = {m["id"] for m in json.load(r)["data"]}
             assert f"policy-v{summary['version']}" in served, (name, served)
         launcher.cancel()

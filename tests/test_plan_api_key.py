@@ -43,3 +43,15 @@ def test_a_server_started_with_a_key_has_none_in_its_argv(server_process):
                                    headers={"Authorization": "Bearer s3cret-key"})
     with urllib.request.urlopen(asked, timeout=10) as answer:
         assert answer.status == 200
+    # the proxy in front of it, started with a key of its own: none in its argv either
+    from grpo_lab.proxy.process import start_proxy_process
+
+    with start_proxy_process([server.url], api_key="pr0xy-key", upstream_token_env="UP_KEY",
+                             env={"UP_KEY": "s3cret-key"}) as proxy:
+        argv = Path(f"/proc/{proxy.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert argv and not any(b"pr0xy-key" in a or b"s3cret-key" in a for a in argv), argv
+        try:
+            urllib.request.urlopen(proxy.url + "/v1/models", timeout=10)
+            raise AssertionError("the proxy answered without its key")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 401

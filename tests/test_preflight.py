@@ -30,7 +30,8 @@ LAG_SLACK_S = 5.0
 
 def emulated(tmp_path, **knobs) -> tuple[HfJobsEmulator, dict]:
     """An emulator and the run_preflight keywords that send the HF Jobs plan to it."""
-    emulator = HfJobsEmulator(tmp_path / "hf", host_env={"OMP_NUM_THREADS": "1"}, **knobs)
+    emulator = HfJobsEmulator(tmp_path / "hf", host_env={"OMP_NUM_THREADS": "1"},
+                              jobs_proxy_token=TOKEN, **knobs)  # the jobs proxy checks the token
     config = RecipeConfig(backend="hf-jobs", bucket=f"hf://buckets/{BUCKET_ID}", run_name="pf",
                           mount_path=str(emulator.bucket_dir(BUCKET_ID)), free_ports=True)
     options = {"config": config, "api": emulator, "read_bucket": emulator.read_bucket_file,
@@ -65,6 +66,9 @@ def test_preflight_in_the_hf_jobs_emulator_measures_the_mount_lag(tmp_path):
         names = sorted(job.name for job in emulator.jobs.values())
         assert not any(emulator.running(job_id) for job_id in emulator.jobs)  # B cancelled
     assert report.ok, report.describe()
+    # the emulated jobs proxy consumes the header, and the preflight passes all the same
+    assert "ok   token inside the job: the Authorization header did not reach" in \
+        report.describe()
     assert LAG_S <= report.sync_lag_s < LAG_S + LAG_SLACK_S
     assert names == [f"pf-preflight-{REPLICA}", f"pf-preflight-{TRAINER}"]
     trainer = json.loads(next(emulator.bucket_dir(BUCKET_ID).glob("pf/preflight-*/"
@@ -119,6 +123,24 @@ def test_a_port_that_serves_without_the_token_fails_the_report():
     assert all("--api-key" in f.fix for f in report.findings if not f.ok)
     refused = report_from_results(_results(token={"status": 401}), seen, 30)
     assert [f.check for f in refused.findings if not f.ok] == ["reached with the token"]
+
+
+def test_the_report_does_not_depend_on_the_header_reaching_the_container():
+    """On HF Jobs the jobs proxy checks the token; whether it forwards the header is a note."""
+    seen = {"seen": True, "lag_s": 0.4}
+    for forwarded in (True, False):
+        report = report_from_results(
+            _results(token={"status": 200, "body": {"ok": True, "bearer_seen": forwarded}}),
+            seen, 30)
+        assert report.ok
+        note = [f.message for f in report.findings if f.check == "token inside the job"]
+        assert note and ("did not reach" in note[0]) is not forwarded
+    # job B checks the token itself only where nothing is in front of it: the local backend
+    for backend, checks in (("local", True), ("hf-jobs", False)):
+        pre = preflight_plan(RecipeConfig(backend=backend, bucket="hf://buckets/me/b"
+                                          if backend == "hf-jobs" else None))
+        replica = " ".join(pre.plan.jobs[0].command)
+        assert ("--check-token" in replica) is checks, replica
 
 
 def test_a_write_never_seen_or_a_missing_result_fails_the_report():

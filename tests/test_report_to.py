@@ -161,6 +161,18 @@ def test_a_run_reads_back_from_trackio_and_tensorboard_as_in_metrics_jsonl(tiny_
     assert set(events.Tags()["scalars"]) == {k for r in records for k in r if k != "step"}
 
 
+def test_a_reused_output_dir_is_a_new_trackio_run_and_new_tensorboard_curves(tiny_model_dir,
+                                                                           tmp_path):
+    out, trackio_dir = tmp_path / "again", tmp_path / "trackio"
+    for _ in range(2):
+        train(out, trackio_dir, "--model", str(tiny_model_dir), "--steps", "1",
+              "--report-to", "trackio,tensorboard")
+    runs, logs = trackio_run(trackio_dir, "again-2")
+    assert runs == ["again", "again-2"]  # not two runs of one name
+    assert logs == read_jsonl(out / "metrics.jsonl")  # the second run only
+    assert (out / "earlier-runs" / "1" / "tensorboard").is_dir()
+
+
 @pytest.fixture
 def server(server_process):
     return server_process(enable_lora=True, max_lora_rank=1, max_loras=4,

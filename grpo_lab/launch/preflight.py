@@ -77,7 +77,8 @@ def preflight_plan(config: RecipeConfig | None = None, *, nonce: str | None = No
             raise ValueError("the local backend needs a local directory as its bucket")
         folder, port, token_env = f"{bucket}/{sub}", free_port(), LOCAL_TOKEN_ENV
         probes = [sys.executable, "-m", "grpo_lab.launch.preflight_probes"]
-        commands = ([*probes, *_replica_args(folder, port, token_env, watch, serve_s=3600)],
+        commands = ([*probes, *_replica_args(folder, port, token_env, watch, serve_s=3600,
+                                             check_token=True)],  # no jobs proxy in front
                     [*probes, *_trainer_args(folder, token_env, reach_s=60, holds=holds)])
         job = {"volumes": [BucketMount(str(bucket), str(bucket))], "secrets": [token_env]}
         plan = {"backend": "local"}
@@ -111,9 +112,11 @@ def preflight_plan(config: RecipeConfig | None = None, *, nonce: str | None = No
     return Preflight(RunPlan(jobs, name=f"{run}-preflight", **plan), where, token_env, watch)
 
 
-def _replica_args(folder: str, port: int, token_env: str, watch_s: float, serve_s: float):
+def _replica_args(folder: str, port: int, token_env: str, watch_s: float, serve_s: float,
+                  check_token: bool = False):
     return ["replica", "--dir", folder, "--port", str(port), "--token-env", token_env,
-            "--watch-timeout-s", f"{watch_s:g}", "--serve-timeout-s", f"{serve_s:g}"]
+            "--watch-timeout-s", f"{watch_s:g}", "--serve-timeout-s", f"{serve_s:g}",
+            *(["--check-token"] if check_token else [])]
 
 
 def _trainer_args(folder: str, token_env: str, reach_s: float, holds: tuple[float, ...] = ()):
@@ -239,6 +242,13 @@ def report_from_results(trainer: dict | None, replica: dict | None,
         findings.append(_reach_finding("refused without a token", reach["no_token"], refused=True))
         findings.append(_reach_finding("refused with a wrong token", reach["wrong_token"],
                                        refused=True))
+        seen = (reach["token"].get("body") or {}).get("bearer_seen")
+        if seen is not None:  # a note: the recipe does not depend on it
+            findings.append(Finding("token inside the job", True, (
+                "the Authorization header reached the replica's container" if seen else
+                "the Authorization header did not reach the replica's container (the path in "
+                "front consumed it): replicas must not want a key of their own there (leave "
+                "VLLM_API_KEY unset; the jobs proxy checks the HF token)")))
     if replica is None:
         findings.append(Finding("replica-probe", False, "job B left no result in the bucket"
                                 + _log_end(logs, REPLICA),

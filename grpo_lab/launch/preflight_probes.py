@@ -7,7 +7,8 @@ job runs this file from the bucket in a bare `python:3.12` image, with nothing i
 Job A plays the trainer: it writes into the mounted bucket as the adapter publish does (a whole
 file, a folder, a directory rename), publishes a beacon, then reaches job B's exposed port with
 the bearer token, without it and with a wrong one. Job B plays a replica: it serves a port that
-wants the token (as a replica behind the proxy), and watches its own mount for A's beacon, so the
+the jobs proxy guards with the token (locally, where nothing is in front, it checks the token
+itself), and watches its own mount for A's beacon, so the
 time from A's write to B's sight is the lag every weight sync waits out. Each job writes what it
 found as a JSON file in the bucket, written whole (a bucket mount takes no append).
 """
@@ -152,19 +153,22 @@ def bearer_matches(header: str | None, token: str) -> bool:
     return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
 
 
-def make_handler(token: str):
+def make_handler(token: str, check_token: bool):
     class Handler(http.server.BaseHTTPRequestHandler):
-        """/health is open (the launcher's health check); every other path wants the token."""
+        """/health is open (the launcher's health check). With `check_token` (locally, where
+        nothing stands in front of the port) every other path wants the token; on HF Jobs the
+        jobs proxy in front checks it, and each answer only says whether the header reached
+        this container (`bearer_seen`): nothing here depends on the proxy forwarding it."""
 
         def do_GET(self):
-            if self.path != "/health" and not bearer_matches(self.headers.get("Authorization"),
-                                                             token):
+            seen = bearer_matches(self.headers.get("Authorization"), token)
+            if check_token and self.path != "/health" and not seen:
                 return self._send(401, {"error": "missing or wrong bearer token"})
             if self.path.startswith("/hold/"):  # answer only after that many seconds
                 held = min(float(self.path.rsplit("/", 1)[1]), 900.0)
                 time.sleep(held)
-                return self._send(200, {"ok": True, "held_s": held})
-            self._send(200, {"ok": True, "path": self.path})
+                return self._send(200, {"ok": True, "held_s": held, "bearer_seen": seen})
+            self._send(200, {"ok": True, "path": self.path, "bearer_seen": seen})
 
         def _send(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode()
@@ -200,7 +204,8 @@ def watch_beacon(folder: str, timeout_s: float, poll_s: float) -> dict:
 def run_replica(args) -> int:
     os.makedirs(args.dir, exist_ok=True)
     token = os.environ[args.token_env]
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", args.port), make_handler(token))
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", args.port),
+                                             make_handler(token, args.check_token))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"[replica-probe] serving on port {args.port}; watching {args.dir}", flush=True)
     result = {"role": "replica", **watch_beacon(args.dir, args.watch_timeout_s, args.poll_s)}
@@ -236,11 +241,14 @@ def mount_problem(folder: str, writable: bool) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="preflight_probes.py")
     sub = parser.add_subparsers(dest="role", required=True)
-    replica = sub.add_parser("replica", help="job B: serve a bearer-checked port, watch the mount")
+    replica = sub.add_parser("replica", help="job B: serve a port, watch the mount")
     replica.add_argument("--port", type=int, required=True)
     replica.add_argument("--watch-timeout-s", type=float, default=300.0)
     replica.add_argument("--poll-s", type=float, default=0.1)
     replica.add_argument("--serve-timeout-s", type=float, default=900.0)
+    replica.add_argument("--check-token", action="store_true",
+                         help="refuse a request without the token (where no proxy in front "
+                              "checks it: the local backend)")
     trainer = sub.add_parser("trainer", help="job A: write into the mount, reach job B")
     trainer.add_argument("--url", required=True)
     trainer.add_argument("--reach-timeout-s", type=float, default=600.0)

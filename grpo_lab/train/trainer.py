@@ -284,6 +284,7 @@ class GRPOTrainer:
         if self.step_count == 0:
             if self.logger.path and not self.logger.records:  # a fresh run, never mixed
                 if earlier := set_aside_earlier_run(self.logger.path.parent):
+                    self.logger.number_run(int(earlier.name) + 1)  # trackio: <name>-2, -3, ...
                     tqdm.write(f"{self.logger.path.parent} held an earlier run: its records "
                                f"moved to {earlier}")
             self.check_prompt_format()

@@ -14,9 +14,10 @@ from pathlib import Path
 from ..util.jsonl import read_jsonl
 
 RUN_RECORDS = ("metrics.jsonl", "findings.jsonl", "completions.jsonl", "syncs.jsonl",
-               "summary.json", "checkpoints")
+               "summary.json", "checkpoints", "tensorboard")
 """What a run writes about itself into its folder (config.json is written anew by each run);
-`checkpoints/` too, so that resuming never picks an earlier run's."""
+`checkpoints/` too, so that resuming never picks an earlier run's, and TensorBoard's events, so
+that its curves are not drawn over each other."""
 EARLIER_RUNS = "earlier-runs"
 
 
@@ -56,6 +57,13 @@ class MetricsLogger:
         self.findings: list = []
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def number_run(self, ordinal: int) -> None:
+        """This is the `ordinal`-th run in a reused folder (set_aside_earlier_run): a reporter's
+        named run (trackio's) becomes `<name>-<ordinal>`, not a second run of the first's name."""
+        for reporter in self.reporters:
+            if getattr(reporter, "run_name", None):
+                reporter.run_name = f"{reporter.run_name}-{ordinal}"
 
     def log(self, record: dict) -> None:
         if self.reporters and not self._started:
