@@ -20,7 +20,7 @@ from grpo_lab.rollout.http_generator import REQUEST_SHAPES, HTTPGenerator
 from grpo_lab.serve.sampling_settings import sampling_settings
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.async_trainer import AsyncGRPOTrainer
-from grpo_lab.watch.diagnose import (
+from grpo_lab.watch.doctor import (
     BACKPRESSURE,
     FWD_BWD,
     INFLIGHT,

@@ -24,7 +24,7 @@ from grpo_lab.plan.sim_blog import BLOG_RUNS, blog_costs, blog_setting
 from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
 from grpo_lab.plan.simulator import simulate
 from grpo_lab.plan.simulator import summarize as simulated_summary
-from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.doctor import diagnose
 from grpo_lab_course.pipeline_runs import KnobRun
 
 BLOG_RUN_NAMES = {1: "r1-baseline", 2: "r2-packing", 3: "r3-no-checkpoint",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from grpo_lab.watch.dashboard import Dashboard
-from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.doctor import diagnose
 from grpo_lab.watch.metrics import MetricsLogger
 from grpo_lab.watch.plots import plot_pipeline
 

@@ -1,5 +1,5 @@
 """grpo_lab_course.failure_plots (notebook 10's readings and drawings of runs) and the rule
-checks of grpo_lab.watch.diagnose that notebook 08's exercise uses; no notebook runs."""
+checks of grpo_lab.watch.doctor that notebook 08's exercise uses; no notebook runs."""
 
 import math
 from types import SimpleNamespace

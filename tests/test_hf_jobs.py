@@ -24,14 +24,16 @@ from grpo_lab.launch.hf_jobs import (
     hf_jobs_commands,
     package_source,
 )
-from grpo_lab.launch.install import CPU_TORCH_INDEX, IMAGE_PINS, wheel_install
 from grpo_lab.launch.local import LaunchError, fill_urls
 from grpo_lab.launch.recipe_config import BLOG_TRAINING, RecipeConfig
 from grpo_lab.launch.recipe_plan import recipe_plan
 from grpo_lab.launch.replica_commands import max_lora_rank
 from grpo_lab.launch.specs import (
+    CPU_TORCH_INDEX,
+    IMAGE_PINS,
     PACKAGE_WHEEL,
     package_wheel_name,
+    wheel_install,
 )
 from grpo_lab.launch.trainer_args import LOCAL_RUN_DIR
 from grpo_lab.serve.config import ServeConfig

@@ -20,9 +20,8 @@ from hf_jobs_emulator import MOUNTS_ENV, HfJobsEmulator, run_job_keywords
 from huggingface_hub import HfApi
 
 from grpo_lab.launch.hf_jobs import HfJobsLauncher
-from grpo_lab.launch.install import wheel_install
 from grpo_lab.launch.recipe_plan import RecipeConfig, recipe_plan
-from grpo_lab.launch.specs import package_wheel_name
+from grpo_lab.launch.specs import package_wheel_name, wheel_install
 from grpo_lab.launch.trainer_args import default_trainer_args
 
 TOKEN = "hf_emulated_token"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.doctor import diagnose
 from grpo_lab_course.pipeline_runs import KnobRun, plot_runs, run_with_knobs, runs_table, summarize
 
 

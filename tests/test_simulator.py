@@ -21,7 +21,7 @@ from grpo_lab.plan.sim_blog import (
 )
 from grpo_lab.plan.sim_model import PipelineSetting, StageCosts
 from grpo_lab.plan.simulator import simulate, summarize
-from grpo_lab.watch.diagnose import diagnose
+from grpo_lab.watch.doctor import diagnose
 from grpo_lab.watch.flops import flops_per_token
 from grpo_lab.watch.metric_names import unknown_metrics
 from grpo_lab.watch.step_metrics import buffer_metrics

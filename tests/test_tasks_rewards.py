@@ -51,7 +51,7 @@ def test_few_shot_prompts_share_a_template_and_keep_the_tasks_problems():
 
 
 def test_a_few_shot_template_fills_whole_kv_blocks_every_prompt_shares():
-    from grpo_lab.model.tokenizer import build_char_tokenizer
+    from grpo_lab.model.tiny_model import build_char_tokenizer
     from grpo_lab.serve.block_hashes import chained_block_hashes
 
     tokenizer = build_char_tokenizer()

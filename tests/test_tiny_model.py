@@ -7,8 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.data.tasks import AdditionTask, SortTask
-from grpo_lab.model.tiny_model import TinyModelRecipe
-from grpo_lab.model.tokenizer import ALPHABET, build_char_tokenizer
+from grpo_lab.model.tiny_model import ALPHABET, TinyModelRecipe, build_char_tokenizer
 
 
 def test_tokenizer_round_trips_every_task_string():

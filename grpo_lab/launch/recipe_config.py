@@ -100,7 +100,7 @@ class RecipeConfig:
     install: str | None = None
     """Shell command that installs grpo_lab in the HF jobs that run it. Default: a wheel of this
     checkout, built and copied into the bucket at submission (`<bucket>/<run>/wheels/`) and
-    installed from the mount (core dependencies only, retried: grpo_lab.launch.install). Or e.g.
+    installed from the mount (core dependencies only, retried: grpo_lab.launch.specs). Or e.g.
     `pip install git+https://github.com/<you>/grpo_lab`; `true` for an image that already has
     it."""
     run_name: str | None = None

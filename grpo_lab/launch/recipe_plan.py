@@ -22,7 +22,6 @@ from ..serve.process import GRPO_LAB
 from ..util.argv import flag_args
 from ..util.processes import free_port
 from ..watch.reporters import report_targets
-from .install import wheel_install
 from .local import assign_devices, threads_per_process, visible_gpus
 from .recipe_config import HF_BLOG_MODEL, PRESETS, RecipeConfig
 from .replica_commands import (
@@ -45,6 +44,7 @@ from .specs import (
     package_wheel_name,
     shell_join,
     url_of,
+    wheel_install,
 )
 from .trainer_args import (
     LOCAL_RUN_DIR,

@@ -17,7 +17,7 @@ Discrete events over replicas, the client, the rollout buffer, the trainer and t
   min(1, cores / busy) of its speed, re-set at every change of who is busy (`reshare`); an
   approximation: a process is busy or not, and threads inside one process are not counted.
 `simulate` returns one record per step under the names the real trainer logs (docs/metrics.md),
-so grpo_lab.watch.diagnose and the plots read a simulated run like a real one. The blog's runs
+so grpo_lab.watch.doctor and the plots read a simulated run like a real one. The blog's runs
 and the calibration: grpo_lab.plan.sim_blog.
 
 In reading order: the run (`simulate`), its actors (a replica that decodes its sequences
@@ -420,7 +420,7 @@ class Group:
 # ------------------------------------------------------------ the records
 # `step_record` writes what grpo_lab.train.async_trainer logs per step (docs/metrics.md; the
 # pipeline's names as grpo_lab.watch.step_metrics writes them) from a simulation's state, so the
-# dashboard, the plots and grpo_lab.watch.diagnose read a simulated run as a real one. The
+# dashboard, the plots and grpo_lab.watch.doctor read a simulated run as a real one. The
 # learning metrics (reward, loss, kl, ...) are left out: the simulator knows times, not rewards.
 # `summarize` reduces a run (simulated or real) to the figures the blog publishes.
 

@@ -33,9 +33,14 @@ from ..rollout.groups import SampledGroups
 from ..util.devices import resolve_device, resolve_dtype
 from ..watch.doctor import chat_template_finding, make_doctor
 from ..watch.flops import peak_flops
-from ..watch.metrics import MetricsLogger, format_step, read_metrics, set_aside_earlier_run
+from ..watch.metrics import (
+    CompletionLog,
+    MetricsLogger,
+    format_step,
+    read_metrics,
+    set_aside_earlier_run,
+)
 from ..watch.reporters import make_reporters
-from ..watch.samples import CompletionLog
 from ..watch.step_metrics import throughput_metrics
 from . import grpo_step
 from .config import GRPOConfig, config_from_trl_arguments

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from ..rollout.http_generator import check_replicas
 from ..train.async_config import AsyncGRPOConfig
-from ..train.trainer_job import TrainerJobConfig, check_trainer_settings
+from ..train.async_job import TrainerJobConfig, check_trainer_settings
 from ..util.devices import resolve_device
 from ..util.jsonl import read_jsonl
 from ..watch.doctor import make_doctor

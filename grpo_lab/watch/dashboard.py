@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..util.jsonl import JsonlTail
-from .diagnose import (
+from .doctor import (
     BACKPRESSURE,
     INFLIGHT,
     QUEUE,
@@ -32,8 +32,8 @@ from .diagnose import (
     VERSION_WAIT,
     WAIT,
     diagnose,
+    pipeline_doctor,
 )
-from .doctor import pipeline_doctor
 from .live_stats import router_counters
 from .metrics import moving_average, series
 from .plots import PIPELINE_PANELS, draw_panel, grid_shape, has_data, panel_axes, ratio_axis

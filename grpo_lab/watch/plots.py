@@ -1,7 +1,7 @@
 """The pipeline's metrics as pictures: step time, waits, the queue, staleness, syncs, speed.
 
 `plot_pipeline(run)` draws a run folder's metrics.jsonl (or a list of records) with the
-diagnosis (grpo_lab.watch.diagnose) as its title; `draw_pipeline` draws the same panels into
+diagnosis (grpo_lab.watch.doctor) as its title; `draw_pipeline` draws the same panels into
 a figure of one's own. A panel is drawn only when the run logged one of its metrics: a
 synchronous run has a step time but no queue, staleness or weight sync, and gets no empty axes
 for them. The live dashboard (grpo_lab.watch.dashboard) lays out its panels the same way.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from .diagnose import (
+from .doctor import (
     BACKPRESSURE,
     FWD_BWD,
     QUEUE,
