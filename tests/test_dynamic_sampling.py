@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (grpo_lab.train.dynamic_sampling): which groups a step trains on, what
+"""DAPO's dynamic sampling (grpo_lab.train.grpo_step): which groups a step trains on, what
 it costs, and the sync trainer with it on."""
 
 import random
@@ -11,7 +11,7 @@ from grpo_lab.data.tasks import Problem
 from grpo_lab.rollout.groups import SampledGroups
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.config import GRPOConfig
-from grpo_lab.train.dynamic_sampling import sample_with_signal
+from grpo_lab.train.grpo_step import sample_with_signal
 from grpo_lab.train.rollout_batch import zero_std_groups
 from grpo_lab.train.trainer import GRPOTrainer
 

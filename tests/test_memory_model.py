@@ -20,7 +20,7 @@ from grpo_lab.model.shaped_models import QWEN25_05B, QWEN25_MATH_15B, VOCAB_ONLY
 SMALL = SimpleNamespace(hidden_size=64, intermediate_size=160, num_attention_heads=4,
                         num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True)
 """A small Qwen2 whose saved tensors autograd can count in a blink."""
-# peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` (grpo_lab.train.policy_model)
+# peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` (grpo_lab.train.trainer)
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 
 

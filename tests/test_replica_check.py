@@ -86,7 +86,7 @@ def test_grpo_lab_serve_tiny_is_the_trainers_tiny(server_process):
     """`grpo-lab serve tiny`'s card (id "tiny", root its cache folder) against the folder the
     trainer resolves `tiny` to for its task."""
     from grpo_lab.train.config import GRPOConfig
-    from grpo_lab.train.policy_model import resolve_model_path
+    from grpo_lab.train.trainer import resolve_model_path
 
     server = server_process()
     path = resolve_model_path(GRPOConfig(progress=False))

@@ -303,7 +303,7 @@ def model_aliases(name: str) -> set[str]:
 
 def serves_model(card: dict, model: str, model_path: str | None = None) -> bool:
     """Whether a base model card names the trainer's model: `model` as the trainer was given
-    it, `model_path` where it loads it from (grpo_lab.train.policy_model's
+    it, `model_path` where it loads it from (grpo_lab.train.trainer's
     `resolve_model_path`). A built model (`tiny`...) is its cache folder's name, wherever the
     replica's cache is."""
     served = [str(card[k]) for k in ("id", "root") if card.get(k)]

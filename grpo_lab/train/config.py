@@ -274,7 +274,7 @@ class GRPOConfig:
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025): drop the groups whose G rewards are all equal
     (advantage 0: no learning signal) and sample more prompts until the step has
-    `prompts_per_step` groups whose rewards differ (grpo_lab.train.dynamic_sampling). The
+    `prompts_per_step` groups whose rewards differ (grpo_lab.train.grpo_step). The
     synchronous trainer, in one process; costs extra generation, logged as `dynamic_sampling/*`."""
     dynamic_sampling_max_rounds: int = 3
     """With dynamic_sampling: at most this many rounds of generation per step, the first of
