@@ -38,7 +38,8 @@ def test_the_trl_names_are_trls():
     trl_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     trainer_args = set(inspect.signature(trl.GRPOTrainer.__init__).parameters)
     converted = {"epsilon", "bf16", "per_device_train_batch_size", "gradient_accumulation_steps",
-                 "disable_tqdm", "log_completions", "save_strategy", "eval_strategy"}
+                 "disable_tqdm", "log_completions", "save_strategy", "eval_strategy", "use_cpu",
+                 "per_device_eval_batch_size"}
     names = set(TRL_NAMES) | set(TRL_ALIASES) | set(TRL_AS_HERE) | converted
     strangers = sorted(names - trl_fields - trainer_args)
     assert not strangers, f"not TRL GRPOConfig fields or GRPOTrainer arguments: {strangers}"
@@ -244,7 +245,8 @@ def test_a_pure_trl_script_runs_on_rows_without_an_answer_column(tmp_path, monke
                   num_generations=4, max_completion_length=4, logging_steps=1,
                   learning_rate=1e-3, report_to="none", use_vllm=False,
                   remove_unused_columns=False, num_train_epochs=1, save_strategy="no",
-                  disable_tqdm=True, seed=0)
+                  disable_tqdm=True, seed=0, use_cpu=True, logging_strategy="steps",
+                  per_device_eval_batch_size=8, shuffle_dataset=True)
     trainer = Trainer(model="tiny", reward_funcs=[solution_reward], args=args,
                       train_dataset=train)
     history = trainer.train()

@@ -60,11 +60,24 @@ TRL_AS_HERE = {
     "mask_truncated_completions": ((False,), "a cut completion is trained on, as TRL's default"),
     "optim": (("adamw_torch", "adamw_torch_fused"), "the optimizer here is torch's AdamW"),
     "dataloader_num_workers": ((0,), "prompts are drawn in process"),
+    "logging_strategy": (("steps",), "a line every log_every steps (TRL's logging_steps)"),
+    "log_level": (("passive", "info", "warning", "error", "debug"), "grpo_lab prints its own "
+                  "lines"),
+    "do_train": ((False, True), "train() trains"),
+    "shuffle_dataset": ((True,), "prompts are drawn uniformly at random, with replacement"),
+    "torch_compile": ((False,), "the model runs eagerly"),
+    "use_liger_kernel": ((False,), "the loss is grpo_lab's own (grpo_lab.algo.grpo_loss)"),
+    "save_only_model": ((False,), "a checkpoint holds the optimizer too, for resuming"),
+    "model_init_kwargs": ((None,), "load the model yourself and pass it, or set dtype="),
+    "generation_batch_size": ((None,), "a step generates prompts_per_step x num_generations"),
+    "steps_per_generation": ((None,), "each step generates its own completions "
+                             "(num_iterations reuses them)"),
 }
 """TRL fields a TRL script sets that change nothing here at the values listed (taken and
 dropped); another value is refused with what grpo_lab does instead. `num_train_epochs` is taken
-beside max_steps (which overrides it in TRL too); `disable_tqdm`, `log_completions`,
-`save_strategy` and `eval_strategy` are converted (`_from_trl_names`)."""
+beside max_steps (which overrides it in TRL too); `use_cpu`, `disable_tqdm`, `log_completions`,
+`save_strategy` and `eval_strategy` are converted, and `per_device_eval_batch_size` is taken and
+unused (the evaluation batches by tokens) (`_from_trl_names`)."""
 
 RENAMED = {"max_new_tokens": "max_completion_length"}
 """Fields renamed to TRL's name: the old name is still taken, with a FutureWarning."""
@@ -94,6 +107,9 @@ def _from_trl_names(kwargs: dict) -> dict:
                             f"is taken here: {instead}")
     if "num_train_epochs" in out and "steps" in out:  # max_steps overrides epochs, as in TRL
         out.pop("num_train_epochs")
+    if out.pop("use_cpu", False):  # TRL's way to keep a run off a GPU
+        out.setdefault("device", "cpu")
+    out.pop("per_device_eval_batch_size", None)  # evaluation batches by tokens (EVAL_TOKEN_BUDGET)
     if "disable_tqdm" in out:
         out.setdefault("progress", not out.pop("disable_tqdm"))
     if "log_completions" in out:  # TRL logs them at each logging step
