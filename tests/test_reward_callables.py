@@ -3,6 +3,7 @@ built-in names, called with every keyword TRL offers, and saved in config.json b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 
@@ -205,3 +206,31 @@ def test_dataset_problems_carry_their_other_columns(tmp_path):
     total, _ = RewardSet.from_specs([lambda completions, level, **kw: level]).score(
         ["x"], [problem.answer], columns=[problem.columns])
     assert total.tolist() == [float(problem.columns["level"])]
+
+
+def test_greedy_accuracy_checks_its_reward_as_training_does(tiny_model_and_tokenizer):
+    from grpo_lab.data.tasks import make_task
+    from grpo_lab.model.evaluation import greedy_accuracy
+
+    model, tokenizer = tiny_model_and_tokenizer
+    problems = make_task("addition", eval_size=4).eval_set()
+
+    def as_dict(completions, answer, **kwargs):
+        return {"score": [1.0] * len(completions)}
+
+    with pytest.raises(ValueError, match="reward 'as_dict' returned dict"):
+        greedy_accuracy(model, tokenizer, problems, max_new_tokens=4, reward_fn=as_dict)
+    assert greedy_accuracy(model, tokenizer, problems, max_new_tokens=4,
+                           reward_fn=lambda completions, answer: [None] * len(completions)) == 0
+
+
+def test_the_reward_counted_as_accuracy_is_said_when_several_are_given(capsys):
+    from grpo_lab.train.trainer import GRPOTrainer
+
+    config = GRPOConfig(steps=1, prompts_per_step=2, num_generations=2, eval_size=4,
+                        reward="exact_match,format", progress=False, log_completions_every=0)
+    GRPOTrainer(config).train()
+    said = capsys.readouterr().out
+    assert "held-out accuracy counts reward 'exact_match', the first of 2" in said
+    GRPOTrainer(dataclasses.replace(config, eval_reward="exact_match")).train()
+    assert "held-out accuracy counts" not in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..data.prompts import encode_prompts
+from ..data.reward_set import checked_scores
 from ..data.rewards import exact_match_reward
 from ..data.tasks import Problem
 from .generation import generate_completions
@@ -76,9 +77,13 @@ def greedy_answers(
 def greedy_accuracy(model, tokenizer, problems: Sequence[Problem], *, max_new_tokens: int,
                     reward_fn: Callable = exact_match_reward, **batching) -> float:
     """Fraction of problems whose greedy completion earns `reward_fn(completions, answer=...)`
-    of at least 1 (`greedy_answers`)."""
+    of at least 1 (`greedy_answers`); what it returns is checked as training checks a reward
+    (`checked_scores`: the reward named when it is not one number per completion). The
+    trainers' own evaluation calls their correctness reward with every keyword instead."""
+    name = getattr(reward_fn, "__name__", "reward_fn")
     _, scores = greedy_answers(
         model, tokenizer, problems, max_new_tokens=max_new_tokens,
-        score=lambda texts, chunk, _ids: reward_fn(texts, answer=[p.answer for p in chunk]),
+        score=lambda texts, chunk, _ids: checked_scores(  # named if it returns the wrong thing
+            name, reward_fn(texts, answer=[p.answer for p in chunk]), len(texts)),
         **batching)
-    return sum(r >= 1.0 for r in scores) / max(len(problems), 1)
+    return sum(r >= 1.0 for r in scores) / max(len(problems), 1)  # NaN (None) is not >= 1

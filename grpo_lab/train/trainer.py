@@ -342,6 +342,11 @@ class GRPOTrainer:
                     tqdm.write(f"{self.logger.path.parent} held an earlier run: its records "
                                f"moved to {earlier}")
             self.check_prompt_format()
+            if evaluating and cfg.eval_reward is None and len(self.rewards.names) > 1 \
+                    and self.processes.is_main:  # which reward is "accuracy", said once
+                tqdm.write(f"held-out accuracy counts reward {self.rewards.correctness_name!r}, "
+                           f"the first of {len(self.rewards.names)}: name the correctness "
+                           "reward with eval_reward= if it is another")
             if evaluating:
                 self.logger.log({"step": 0, "eval/accuracy": self.evaluate()})
         last = self.step_count + steps
