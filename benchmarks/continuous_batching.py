@@ -56,9 +56,12 @@ from grpo_lab.serve.block_hashes import DEFAULT_BLOCK_SIZE  # noqa: E402
 from grpo_lab.serve.client import InferenceClient  # noqa: E402
 from grpo_lab.serve.engine import Engine, generate_sync  # noqa: E402
 from grpo_lab.serve.prefix_cache import DEFAULT_MAX_BLOCKS, PrefixCache  # noqa: E402
-from grpo_lab.serve.process import start_server_process  # noqa: E402
+from grpo_lab.serve.process import (  # noqa: E402
+    start_server_process,  # noqa: E402
+    start_vllm_process,
+    vllm_missing_reason,
+)
 from grpo_lab.serve.sampling import SamplingParams  # noqa: E402
-from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
 from grpo_lab.util.processes import group_members  # noqa: E402
 
 GOALS = {"speedup_64_vs_1": 4.0, "vs_generate_at_64": 1.2, "vs_vllm_at_64": 0.5}

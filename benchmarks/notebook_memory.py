@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grpo_lab.serve.vllm_process import vllm_missing_reason  # noqa: E402
+from grpo_lab.serve.process import vllm_missing_reason  # noqa: E402
 from grpo_lab_course.goals import missed_goals  # noqa: E402
 from grpo_lab_course.notebooks import find_notebook, run_notebook  # noqa: E402
 

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    from grpo_lab.proxy.process import READY_MARKER, proxy_args, start_proxy_process
+    from grpo_lab.proxy.config import READY_MARKER, proxy_args, start_proxy_process
     from grpo_lab.serve.process import spawn_until_ready
 
     n_seq, seconds = (1000, 3.0) if args.quick else (3000, 8.0)

@@ -110,7 +110,7 @@ def load(shape: str, cap: int):
 def problems_of(path, n: int, split: str = "test"):
     from grpo_lab.model.chat_model import as_problems
     from grpo_lab.model.shaped_models import dataset_files
-    from grpo_lab.util.jsonl import read_jsonl
+    from grpo_lab.util.files import read_jsonl
 
     return as_problems(read_jsonl(dataset_files(path)[split]))[:n]
 

@@ -165,8 +165,7 @@ def summarize(results: list[dict]) -> dict:
 def start_replicas(engine: str, workload: str, model_path: str, n_replicas: int,
                    log_dir: Path) -> list:
     """`n_replicas` servers of the workload's model, started at once (vLLM's start is slow)."""
-    from grpo_lab.serve.process import start_server_process
-    from grpo_lab.serve.vllm_process import start_vllm_process
+    from grpo_lab.serve.process import start_server_process, start_vllm_process
 
     def start(k: int):
         log_path = log_dir / f"{engine}-{workload}-{n_replicas}-replica{k}.log"
@@ -263,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if not engines or set(engines) - set(ENGINES):
         parser.error(f"--engine: choose from {ENGINES} (got {args.engine!r})")
     if "vllm" in engines:
-        from grpo_lab.serve.vllm_process import vllm_missing_reason
+        from grpo_lab.serve.process import vllm_missing_reason
 
         if vllm_missing_reason():
             parser.error(vllm_missing_reason())

@@ -64,8 +64,11 @@ from grpo_lab.model.models import (
     model_folder,  # noqa: E402
 )
 from grpo_lab.serve.client import BlockingClient  # noqa: E402
-from grpo_lab.serve.process import start_server_process  # noqa: E402
-from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason  # noqa: E402
+from grpo_lab.serve.process import (  # noqa: E402
+    start_server_process,  # noqa: E402
+    start_vllm_process,
+    vllm_missing_reason,
+)
 from grpo_lab.train.rollout_batch import pad_left, pad_right
 
 TEMPERATURE = 0.7

@@ -61,12 +61,10 @@ _EXPORTS = {
     "grpo_lab.bucket.adapters": ("AdapterBucket", "adapter_name"),
     "grpo_lab.bucket.checkpoint": ("Checkpoints",),
     "grpo_lab.serve.client": ("InferenceClient", "BlockingClient", "ServerError"),
-    "grpo_lab.serve.process": ("start_server_process",),
-    "grpo_lab.serve.vllm_process": ("start_vllm_process",),
+    "grpo_lab.serve.process": ("start_server_process", "start_vllm_process"),
     # The proxy and its router
-    "grpo_lab.proxy.config": ("ProxyConfig",),
+    "grpo_lab.proxy.config": ("ProxyConfig", "start_proxy_process"),
     "grpo_lab.proxy.app": ("Proxy", "make_app", "serve_proxy"),
-    "grpo_lab.proxy.process": ("start_proxy_process",),
     "grpo_lab.proxy.router": ("PrefixRouter", "RouterConfig", "RouteDecision",
                               "NoReplicaAvailable"),
     # The trainers and their configs

@@ -186,7 +186,7 @@ def start_vllm_engines(stand_in, dtypes: list[str], model: str = "tiny", **flags
     from concurrent.futures import ThreadPoolExecutor
 
     from grpo_lab.serve.client import BlockingClient
-    from grpo_lab.serve.vllm_process import start_vllm_process, vllm_missing_reason
+    from grpo_lab.serve.process import start_vllm_process, vllm_missing_reason
 
     missing, servers = vllm_missing_reason(), {}
     if missing:

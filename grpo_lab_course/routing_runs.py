@@ -14,7 +14,7 @@ import asyncio
 import os
 import time
 
-from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.proxy.config import start_proxy_process
 from grpo_lab.serve.block_hashes import DEFAULT_BLOCK_SIZE
 from grpo_lab.serve.client import BlockingClient, InferenceClient, ServerError
 from grpo_lab.watch.live_stats import proxy_stats, replica_cache_stats

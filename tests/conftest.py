@@ -78,7 +78,7 @@ def _build_once(session, name: str, key: str, build_args: list[str], usual_time:
     # One cache: reuse what `make demo` or a notebook already built with the same recipe.
     user_copy = USER_HOME / "models" / key
     if (user_copy / "grpo_lab_recipe.json").exists() and user_copy != cached:
-        from grpo_lab.util.atomic import atomic_folder
+        from grpo_lab.util.files import atomic_folder
 
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(cached, keep_existing=True) as staging:  # never a half-copied model

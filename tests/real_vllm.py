@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from grpo_lab.serve.vllm_process import NO_VECTOR_KERNELS, vllm_missing_reason
+from grpo_lab.serve.process import NO_VECTOR_KERNELS, vllm_missing_reason
 
 REQUIRE_VLLM_ENV = "GRPO_LAB_REQUIRE_VLLM"
 

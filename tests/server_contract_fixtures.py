@@ -27,8 +27,7 @@ from real_vllm import require_vllm
 from server_contract_helpers import KEY, LAG_S, MAX_LEN
 
 from grpo_lab.serve.client import BlockingClient
-from grpo_lab.serve.process import start_server_process
-from grpo_lab.serve.vllm_process import start_vllm_process
+from grpo_lab.serve.process import start_server_process, start_vllm_process
 
 ENGINES = ["grpo-lab", "vllm"]
 

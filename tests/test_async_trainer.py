@@ -271,7 +271,7 @@ def test_a_python_run_writes_the_jobs_run_folder(tiny_model_and_tokenizer, tmp_p
     """`train()` with output_dir writes what `grpo-lab train-async` does: syncs.jsonl (one line
     per version published, the first step's included) and summary.json; a second run in the same
     folder sets the first one's aside instead of appending to its sync log."""
-    from grpo_lab.util.jsonl import read_jsonl
+    from grpo_lab.util.files import read_jsonl
 
     for _ in range(2):
         trainer = recording_trainer(tiny_model_and_tokenizer, steps=2, eval_every=2, eval_size=4,

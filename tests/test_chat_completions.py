@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.proxy.config import start_proxy_process
 
 MESSAGES = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}]
 

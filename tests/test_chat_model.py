@@ -15,7 +15,7 @@ from grpo_lab.model.chat_model import (
     build_bpe_tokenizer,
 )
 from grpo_lab.model.evaluation import greedy_accuracy
-from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.files import read_jsonl
 
 
 def _corpus():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from float_tolerance import assert_f32_close, f32_atol
 
-from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.proxy.config import start_proxy_process
 from grpo_lab.serve.process import start_server_process
 from grpo_lab.util.processes import free_port
 

@@ -1,10 +1,10 @@
-"""grpo_lab.util.jsonl: the one reader and the one follower of the jobs' JSONL files."""
+"""grpo_lab.util.files: the one reader and the one follower of the jobs' JSONL files."""
 
 import json
 
 import pytest
 
-from grpo_lab.util.jsonl import JsonlTail, read_jsonl
+from grpo_lab.util.files import JsonlTail, read_jsonl
 
 
 def _write(path, records, tail=""):

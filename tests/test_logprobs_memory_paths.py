@@ -15,7 +15,7 @@ from grpo_lab.model.evaluation import token_batches
 from grpo_lab.model.generation import sample_from_ids, sampling_config
 from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
-from grpo_lab.util.jsonl import write_jsonl
+from grpo_lab.util.files import write_jsonl
 
 
 def test_chunks_give_the_whole_log_softmax():

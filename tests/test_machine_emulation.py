@@ -35,7 +35,7 @@ def test_vllm_is_not_started_on_an_emulated_processor_without_vector_kernels(mon
     it) vLLM counts as missing, with the reason, so its tests skip as on such a machine."""
     import importlib.util
 
-    from grpo_lab.serve.vllm_process import NO_VECTOR_KERNELS, vllm_missing_reason
+    from grpo_lab.serve.process import NO_VECTOR_KERNELS, vllm_missing_reason
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     reason = vllm_missing_reason()
@@ -74,7 +74,7 @@ def test_a_compiled_kernel_is_cached_per_kernel_level(tmp_path):
     (grpo_lab.util.devices.compile_cache_dir; vLLM's replicas get it from vllm_cpu_env). With one
     folder for both, the second process reused the first's 8-wide kernel: on an AVX-512 machine
     it aborted (`free(): invalid next size`, as real vLLM's engine did on CI)."""
-    from grpo_lab.serve.vllm_process import vllm_cpu_env
+    from grpo_lab.serve.process import vllm_cpu_env
     from grpo_lab.util.devices import compile_cache_dir, native_kernel_level
 
     base = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}

@@ -44,7 +44,7 @@ def test_a_server_started_with_a_key_has_none_in_its_argv(server_process):
     with urllib.request.urlopen(asked, timeout=10) as answer:
         assert answer.status == 200
     # the proxy in front of it, started with a key of its own: none in its argv either
-    from grpo_lab.proxy.process import start_proxy_process
+    from grpo_lab.proxy.config import start_proxy_process
 
     with start_proxy_process([server.url], api_key="pr0xy-key", upstream_token_env="UP_KEY",
                              env={"UP_KEY": "s3cret-key"}) as proxy:

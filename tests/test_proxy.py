@@ -15,8 +15,7 @@ from proxy_stubs import StubReplica, fleet, run, wait_until
 
 from grpo_lab.cli.flags import config_from_args, field_docs
 from grpo_lab.cli.main import build_parser
-from grpo_lab.proxy.config import ProxyConfig
-from grpo_lab.proxy.process import start_proxy_process
+from grpo_lab.proxy.config import ProxyConfig, start_proxy_process
 from grpo_lab.proxy.router import pseudo_tokens
 
 BS = 16

@@ -21,7 +21,7 @@ from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.async_trainer import AsyncGRPOTrainer
 from grpo_lab.train.config import GRPOConfig
 from grpo_lab.train.trainer import GRPOTrainer
-from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.files import read_jsonl
 
 REWARD_KEYS = ("rewards/math_answer/mean", "rewards/format/mean")
 

@@ -23,7 +23,7 @@ from grpo_lab.cli.main import build_parser
 from grpo_lab.launch.recipe_plan import recipe_plan
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.train.config import GRPOConfig
-from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.files import read_jsonl
 from grpo_lab.util.processes import free_port, stop_groups
 from grpo_lab.watch.reporters import report_targets
 

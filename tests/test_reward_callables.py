@@ -14,7 +14,7 @@ from grpo_lab.data.reward_set import NOT_IMPORTABLE, RewardSet
 from grpo_lab.data.rewards import exact_match_reward, format_reward
 from grpo_lab.data.tasks import Problem, with_few_shot
 from grpo_lab.train.config import GRPOConfig
-from grpo_lab.trl.data import WeightedReward
+from grpo_lab.trl.async_trainer import WeightedReward
 
 
 def trl_length_reward(prompts, completions, completion_ids, **kwargs):

@@ -210,7 +210,7 @@ def test_seeded_children_that_fill_more_than_one_scheduler_step_all_complete(
     scheduler takes in one step (2,048), as a real model's chat prompts in a GRPO batch are. vLLM
     0.27.1's CPU build chunks such a prefill and then rewinds each seeded child's generator,
     which a CPU generator cannot do: its engine died ("CPU Generator does not use offset") until
-    grpo_lab started it without chunked prefill (serve/vllm_process.vllm_cpu_args)."""
+    grpo_lab started it without chunked prefill (serve/process.vllm_cpu_args)."""
     ids = prompt_ids(tiny_model_and_tokenizer[1], ["12+34=56,78+90=168,1+"])[0]
     assert len(ids) >= 20
     out = client.completions(ids, n=128, seed=7, max_tokens=2, temperature=1.0, ignore_eos=True)

@@ -23,7 +23,7 @@ from grpo_lab.model.shaped_models import (
     shape_key,
     shaped_model_path,
 )
-from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.files import read_jsonl
 
 SPECIAL_IDS = SimpleNamespace(eos_token_id=2, pad_token_id=0)  # ChatML ids of the chat tokenizer
 

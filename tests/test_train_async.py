@@ -17,7 +17,7 @@ from grpo_lab.cli.flags import config_from_args
 from grpo_lab.cli.main import build_parser
 from grpo_lab.launch.recipe_plan import recipe_plan
 from grpo_lab.train.async_job import TrainAsyncJobConfig
-from grpo_lab.util.jsonl import read_jsonl
+from grpo_lab.util.files import read_jsonl
 
 # Shrunken run: 4 prompts x G=4 per step, 32 held-out problems, no mid-run evaluation.
 SMALL = ["--prompts-per-step", "4", "--num-generations", "4", "--eval-size", "32",

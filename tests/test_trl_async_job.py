@@ -33,9 +33,15 @@ from grpo_lab.model.chat_model import SYSTEM_PROMPT
 from grpo_lab.train.async_config import AsyncGRPOConfig
 from grpo_lab.trl import cpu as trl_cpu
 from grpo_lab.trl.async_job import TrlAsyncJobConfig, run_train_trl_async
-from grpo_lab.trl.async_trainer import LORA_NAME, micro_batch_size, trl_async_grpo, trl_config
+from grpo_lab.trl.async_trainer import (
+    LORA_NAME,
+    micro_batch_size,
+    reward_funcs,
+    trl_async_grpo,
+    trl_config,
+    with_response_parser,
+)
 from grpo_lab.trl.cpu import tree_attention_cpu, trl_internal
-from grpo_lab.trl.data import reward_funcs, with_response_parser
 
 STAND_INS = Path(__file__).parent / "trl_stand_ins"
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +280,7 @@ def test_trl_async_trainer_trains_through_the_proxy_and_two_replicas(chat_model_
     2 prompts x 4 samples, a checkpoint every 2 steps. Then the job, restarted with the same
     command and --resume after losing its last checkpoint (preempted between checkpoints), goes
     on from step 2 with adapter names after the ones already published."""
-    from grpo_lab.proxy.process import start_proxy_process
+    from grpo_lab.proxy.config import start_proxy_process
     from grpo_lab.serve.process import start_server_process
 
     out, bucket = tmp_path / "run", tmp_path / "bucket"
@@ -363,8 +369,8 @@ def test_trl_async_trainer_with_real_vllm_replicas(chat_model_dir, tmp_path):
     path accepts vLLM's /server_info, every version is loaded into both engines from the bucket,
     and each step holds the promised samples."""
     require_vllm()  # skips without vLLM; fails under GRPO_LAB_REQUIRE_VLLM=1
-    from grpo_lab.proxy.process import start_proxy_process
-    from grpo_lab.serve.vllm_process import start_vllm_process
+    from grpo_lab.proxy.config import start_proxy_process
+    from grpo_lab.serve.process import start_vllm_process
 
     out, bucket = tmp_path / "run", tmp_path / "bucket"
     serve = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 3, "max_cpu_loras": 3,

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..util.atomic import atomic_folder
+from ..util.files import atomic_folder
 
 DIR_MODE, FILE_MODE = 0o755, 0o644
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..util.atomic import atomic_folder
+from ..util.files import atomic_folder
 
 STEP_RE = re.compile(r"step-(\d+)")
 CUDA_RNG_FILE = "cuda_rng.pt"

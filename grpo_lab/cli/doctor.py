@@ -68,7 +68,7 @@ def diagnose_run(run_dir: str | Path, server_url: str | None = None,
                  adapter_prefix: str = "policy", api_key: str | None = None) -> list:
     """Every finding for a run folder (the doctor over its records, then the replicas)."""
     from ..bucket.adapters import adapter_name
-    from ..util.jsonl import read_jsonl
+    from ..util.files import read_jsonl
     from ..watch.doctor import pipeline_doctor
 
     run_dir = Path(run_dir)

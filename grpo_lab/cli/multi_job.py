@@ -29,7 +29,7 @@ from ..model.pretrained import SMOLLM2, smollm2_path
 from ..serve.prefix_cache import DEFAULT_BLOCK_SIZE
 from ..train.async_config import AsyncGRPOConfig
 from ..util.argv import flag_args
-from ..util.jsonl import JsonlTail
+from ..util.files import JsonlTail
 from ..watch.live_stats import proxy_stats, replica_cache_stats
 from ..watch.metrics import plot_training, read_metrics
 from ..watch.plots import plot_pipeline
@@ -116,7 +116,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     """Start the jobs, follow the trainer, then print and return the summary.
 
     `engine`: the replicas' server, `grpo-lab` (`grpo-lab serve`) or `vllm` (real vLLM, its CPU
-    build here: grpo_lab.serve.vllm_process; 16-token KV blocks, 1-3 minutes to start).
+    build here: grpo_lab.serve.process; 16-token KV blocks, 1-3 minutes to start).
 
     `on_step(launcher, record)`: called with the newest metrics record while the trainer runs
     (a test kills a replica from there)."""
@@ -144,7 +144,7 @@ def run_multi_job_demo(config: AsyncGRPOConfig, *, replicas: int = 2, timeout_s:
     elif config.model == SMOLLM2:  # made once from its wheel here, before any job starts
         config.model = str(smollm2_path(progress=config.progress))
     if engine == "vllm":
-        from ..serve.vllm_process import STARTUP_TIMEOUT_S, vllm_missing_reason
+        from ..serve.process import STARTUP_TIMEOUT_S, vllm_missing_reason
 
         if vllm_missing_reason():
             raise RuntimeError(vllm_missing_reason())

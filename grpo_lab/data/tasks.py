@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..util.jsonl import write_jsonl
+from ..util.files import write_jsonl
 from .prompts import Prompt, prompt_key
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..proxy.process import proxy_args
+from ..proxy.config import proxy_args
 from ..serve.process import GRPO_LAB
 from ..util.argv import flag_args
 from ..util.processes import free_port

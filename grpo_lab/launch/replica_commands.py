@@ -48,11 +48,11 @@ def vllm_replica_args(model: str, host: str, port: int, cfg: RecipeConfig) -> li
 
 
 def vllm_cpu_replica(model: str, port: int, cfg: RecipeConfig) -> tuple[list[str], dict]:
-    """Real vLLM's CPU build as a local replica (grpo_lab.serve.vllm_process): the GPU flags
+    """Real vLLM's CPU build as a local replica (grpo_lab.serve.process): the GPU flags
     adapted to a CPU (no --gpu-memory-utilization: the KV cache is VLLM_CPU_KVCACHE_SPACE; float32,
     the trainer's CPU dtype; the model's own context length), served under the name the trainer
     uses. vLLM's CPU attention takes KV blocks in multiples of 16 tokens only."""
-    from ..serve.vllm_process import vllm_cpu_args, vllm_cpu_env
+    from ..serve.process import vllm_cpu_args, vllm_cpu_env
 
     if cfg.block_size % 16:
         raise ValueError(f"vLLM's CPU build takes --block-size in multiples of 16 only, got "

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from ..data.prompts import encode_prompts
 from ..data.rewards import math_answer_reward
 from ..data.tasks import Problem, word_problems, write_word_problems
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 from .evaluation import greedy_accuracy
 from .model_build import (
     RECIPE_FILE,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..util.atomic import atomic_folder
+from ..util.files import atomic_folder
 from ..util.home import grpo_lab_home
 
 RECIPE_FILE = "grpo_lab_recipe.json"

@@ -24,7 +24,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ..util.atomic import atomic_folder
+from ..util.files import atomic_folder
 from ..util.home import grpo_lab_home
 
 SMOLLM2 = "smollm2-135m"

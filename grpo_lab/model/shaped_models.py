@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..data.tasks import write_word_problems
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 from .chat_model import DATA_FOLDER, as_problems, build_bpe_tokenizer, tokenizer_corpus
 from .model_build import RECIPE_FILE, build_provenance, build_threads, cached_model_path
 

@@ -24,9 +24,8 @@ from ..serve.process import serve_until_signalled
 from ..serve.protocol import bearer_ok, error_body
 from .broadcast import BROADCAST_PATHS, Broadcaster
 from .completions import CompletionForwarder
-from .config import ProxyConfig
+from .config import READY_MARKER, ProxyConfig
 from .fleet_info import FleetInfo
-from .process import READY_MARKER
 from .replicas import LOAD_PATH, UNLOAD_PATH, ReplicaSet
 from .router import PrefixRouter
 

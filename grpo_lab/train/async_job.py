@@ -26,7 +26,7 @@ from ..bucket.checkpoint import Checkpoints, full_state
 from ..model.models import made_model_folder_name
 from ..rollout.http_generator import REQUEST_SHAPES, HTTPGenerator, check_replicas
 from ..serve.sampling_settings import sampling_settings
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 from ..watch.metrics import read_metrics
 from ..watch.reporters import TENSORBOARD_DIR
 from .async_config import AsyncGRPOConfig

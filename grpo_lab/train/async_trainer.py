@@ -30,7 +30,7 @@ from ..data.prompts import encode_prompts
 from ..rollout.buffer import RolloutBuffer
 from ..rollout.generators import Generator, LocalGenerator
 from ..rollout.groups import SampledGroups, split
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 from ..watch.step_metrics import async_reward_names, buffer_metrics, inline_metrics
 from . import grpo_step
 from .async_config import AsyncGRPOConfig

@@ -18,11 +18,16 @@ from ..rollout.http_generator import check_replicas
 from ..train.async_config import AsyncGRPOConfig
 from ..train.async_job import TrainerJobConfig, check_trainer_settings
 from ..util.devices import resolve_device
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 from ..watch.doctor import make_doctor
 from . import async_trainer as trl_async
-from .async_trainer import LORA_NAME
-from .data import max_prompt_tokens, reward_funcs, trl_dataset, with_response_parser
+from .async_trainer import (
+    LORA_NAME,
+    max_prompt_tokens,
+    reward_funcs,
+    trl_dataset,
+    with_response_parser,
+)
 from .doctor_callback import DoctorCallback
 
 

@@ -10,7 +10,7 @@ stop its whole group; every part of grpo_lab that runs other processes uses thes
     free_port       a TCP port nobody listens on right now
 
 Servers started as processes (`start_server_process`) are grpo_lab.serve.process; the proxy's,
-grpo_lab.proxy.process; a run plan's jobs, grpo_lab.launch.local.
+grpo_lab.proxy.config; a run plan's jobs, grpo_lab.launch.local.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..util.jsonl import JsonlTail
+from ..util.files import JsonlTail
 from .doctor import (
     BACKPRESSURE,
     INFLIGHT,

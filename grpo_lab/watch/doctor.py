@@ -122,8 +122,8 @@ def _values(records: list[dict], key: str, last: int | None = WINDOW) -> list[fl
     return values[-last:] if last else values
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 class Doctor:
@@ -477,10 +477,6 @@ class Diagnosis(NamedTuple):
     """steps, queue_fill, rollout_wait_s, wait_share, wait_slope_s, backpressure_s,
     version_wait_s, held_back_share, fwd_bwd_share (per-step means or shares of step time,
     over the window)."""
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:

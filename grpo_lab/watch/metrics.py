@@ -15,7 +15,7 @@ import torch
 
 from ..data.completions import Completions
 from ..data.tasks import Problem
-from ..util.jsonl import read_jsonl
+from ..util.files import read_jsonl
 
 RUN_RECORDS = ("metrics.jsonl", "findings.jsonl", "completions.jsonl", "syncs.jsonl",
                "summary.json", "checkpoints", "tensorboard")
