@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..data.completions import Completions
-from ..data.tasks import Problem
 from ..util.files import read_jsonl
+
+if TYPE_CHECKING:  # annotations only: reading a run's metrics needs no torch
+    import torch
+
+    from ..data.completions import Completions
+    from ..data.tasks import Problem
 
 RUN_RECORDS = ("metrics.jsonl", "findings.jsonl", "completions.jsonl", "syncs.jsonl",
                "summary.json", "checkpoints", "tensorboard")
